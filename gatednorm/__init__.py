@@ -1,0 +1,8 @@
+"""gatednorm: fused gated RMSNorm kernels (Triton), forward and backward."""
+
+from gatednorm import reference
+from gatednorm.functional import rms_norm_gated
+from gatednorm.module import RMSNormGated
+
+__all__ = ["RMSNormGated", "reference", "rms_norm_gated"]
+__version__ = "0.1.0"

@@ -1,0 +1,80 @@
+"""rms_norm_gated: validate, pick the path, call it."""
+
+from __future__ import annotations
+
+import torch
+
+from gatednorm import ops, reference
+from gatednorm.validation import check_group_size, check_options, check_tensors
+
+
+def _runs_fused(x: torch.Tensor) -> bool:
+    if x.dtype == torch.float64:
+        return False
+    return x.device.type == "cuda" or (ops.INTERPRET and x.device.type == "cpu")
+
+
+def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None = None, *,
+                   eps: float = 1e-6, zero_centered_gamma: bool = False,
+                   activation: str = "silu", norm_before_gate: bool = True,
+                   group_size: int | None = None, rounding: str = "te") -> torch.Tensor:
+    """Gated RMSNorm, fused: ``y = norm(x) * act(gate)`` or ``y = norm(x * act(gate))``.
+
+    ``norm(h) = h / sqrt(mean(h^2) + eps) * gamma`` over each group of ``group_size``
+    consecutive elements of the last dim (the whole last dim for None), with
+    ``gamma = weight``, ``1 + weight`` when ``zero_centered_gamma``, or 1 without a weight.
+    ``act`` is SiLU or sigmoid.
+
+    Args:
+        x: [..., D], bfloat16, float16 or float32 (float64 runs the eager reference, for
+            gradcheck). Any strides on the leading dims; a non-unit last-dim stride is
+            copied once.
+        gate: x's shape, in x's dtype or float32. Any strides, as for x (a slice of a
+            projection output is read in place).
+        weight: [D] in x's dtype or float32, or None.
+        eps: added to the mean square, >= 0.
+        zero_centered_gamma: scale by ``1 + weight`` (weights initialized at zero).
+        activation: ``"silu"`` or ``"sigmoid"``.
+        norm_before_gate: True for ``norm(x) * act(gate)`` (Gated DeltaNet, Kimi Linear),
+            False for ``norm(x * act(gate))`` (Mamba2, Nemotron-H, Falcon-H1).
+        group_size: size of the groups normalized apart; must divide D.
+        rounding: where intermediates are rounded to x's dtype, matching a framework:
+            ``"te"`` (TransformerEngine / Megatron), ``"fp32"`` (FLA, Mamba, vLLM, SGLang),
+            ``"hf"`` (transformers eager modules). See ``gatednorm.reference``.
+
+    Returns:
+        y with x's shape and dtype, contiguous. All math is fp32. Backward gives dx in x's
+        dtype, dgate in the gate's dtype and dweight in the weight's dtype; dweight is
+        accumulated in fp32 over a fixed partition of the rows, so its bits do not depend on
+        the run or the GPU.
+
+    CUDA tensors run the Triton kernels; CPU tensors run the reference composite, or the
+    Triton kernels through the interpreter when ``TRITON_INTERPRET=1`` is set. Under
+    ``torch.autocast`` the inputs are taken as given (no cast is inserted).
+    """
+    check_options(eps=eps, activation=activation, rounding=rounding,
+                  zero_centered_gamma=zero_centered_gamma, norm_before_gate=norm_before_gate)
+    check_tensors(x, gate, weight, zero_centered_gamma)
+    group = check_group_size(group_size, x.shape[-1])
+    eps = float(eps)
+
+    if not _runs_fused(x):
+        return reference.rms_norm_gated(
+            x, gate, weight, eps=eps, zero_centered_gamma=zero_centered_gamma,
+            activation=activation, norm_before_gate=norm_before_gate, group_size=group,
+            rounding=rounding)
+
+    # The kernels need a unit-stride last dim; every other stride is handled in place.
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if gate.stride(-1) != 1:
+        gate = gate.contiguous()
+    if weight is not None and weight.stride(-1) != 1:
+        weight = weight.contiguous()
+
+    if torch.compiler.is_compiling():
+        y, _ = ops.rms_norm_gated_fwd(x, gate, weight, eps, zero_centered_gamma, activation,
+                                      norm_before_gate, group, rounding)
+        return y
+    return ops.EagerRMSNormGated.apply(x, gate, weight, eps, zero_centered_gamma, activation,
+                                       norm_before_gate, group, rounding)

@@ -1,0 +1,216 @@
+"""Backward kernels: dx, dgate, and fp32 dweight partials reduced in a fixed order.
+
+Rows are split into chunks of ``rows_per_chunk`` (a function of the row count and the group
+size only, never of the GPU), so the partial sums, and therefore dweight, have the same bits on
+every run and every GPU. Program ``pid`` owns group ``pid % num_groups`` of chunk
+``pid // num_groups`` and writes its whole dweight partial row, even when the chunk is empty.
+
+    h_hat     = h * rstd                       (h = x, or x * act(gate) gate-first)
+    grad_hhat = d loss / d h_hat, gamma included          (backward_pointwise)
+    grad_h    = rstd * (grad_hhat - h_hat * mean(grad_hhat * h_hat))
+"""
+
+import triton
+import triton.language as tl
+
+from gatednorm.kernels.pointwise import (
+    activation_and_slope,
+    backward_inputs,
+    backward_pointwise,
+    gated_input,
+    leading_offsets,
+)
+
+RUNTIME_INTS = [
+    "rows", "size1", "size2",
+    "stride_x0", "stride_x1", "stride_x2",
+    "stride_gate0", "stride_gate1", "stride_gate2",
+    "stride_dy0", "stride_dy1", "stride_dy2",
+    "stride_dx0", "stride_dx1", "stride_dx2",
+    "stride_dgate0", "stride_dgate1", "stride_dgate2",
+    "group_size", "num_groups", "rows_per_chunk", "weight_size",
+]
+
+
+@triton.jit
+def _row_offsets(rows_idx, size1, size2, s0, s1, s2, group_offset, LEADING_DIMS: tl.constexpr,
+                 ROW_ALIGN: tl.constexpr):
+    offsets = leading_offsets(rows_idx, size1, size2, s0, s1, s2, LEADING_DIMS) + group_offset
+    return tl.multiple_of(offsets, ROW_ALIGN)
+
+
+@triton.jit(do_not_specialize=RUNTIME_INTS)
+def backward_tile_kernel(
+    X, GATE, W, DY, RSTD, DX, DGATE, DW_PARTIAL,
+    rows, size1, size2,
+    stride_x0, stride_x1, stride_x2,
+    stride_gate0, stride_gate1, stride_gate2,
+    stride_dy0, stride_dy1, stride_dy2,
+    stride_dx0, stride_dx1, stride_dx2,
+    stride_dgate0, stride_dgate1, stride_dgate2,
+    group_size, num_groups, rows_per_chunk, weight_size,
+    LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr,
+):
+    """Whole groups in [BLOCK_ROWS, BLOCK_N] tiles, looping over the chunk's rows."""
+    pid = tl.program_id(0)
+    group = pid % num_groups
+    chunk = pid // num_groups
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < group_size
+    group_offset = group.to(tl.int64) * group_size
+    X_DTYPE: tl.constexpr = X.dtype.element_ty
+    G_DTYPE: tl.constexpr = GATE.dtype.element_ty
+
+    gamma = 1.0
+    if HAS_WEIGHT:
+        gamma = tl.load(W + group_offset + cols, mask=col_mask, other=0.0).to(tl.float32)
+        if ZERO_CENTERED:
+            gamma = gamma + 1.0
+        gamma = gamma[None, :]  # [1, BLOCK_N]
+    dweight = tl.zeros([BLOCK_N], dtype=tl.float32)
+
+    chunk_start = chunk.to(tl.int64) * rows_per_chunk
+    for tile_start in range(0, rows_per_chunk, BLOCK_ROWS):
+        rows_idx = chunk_start + tile_start + tl.arange(0, BLOCK_ROWS)  # [BLOCK_ROWS]
+        row_mask = (rows_idx < rows) & (tile_start + tl.arange(0, BLOCK_ROWS) < rows_per_chunk)
+        mask = row_mask[:, None] & col_mask[None, :]  # [BLOCK_ROWS, BLOCK_N]
+        x_rows = _row_offsets(rows_idx, size1, size2, stride_x0, stride_x1, stride_x2,
+                              group_offset, LEADING_DIMS, ROW_ALIGN)
+        g_rows = _row_offsets(rows_idx, size1, size2, stride_gate0, stride_gate1, stride_gate2,
+                              group_offset, LEADING_DIMS, ROW_ALIGN)
+        dy_rows = _row_offsets(rows_idx, size1, size2, stride_dy0, stride_dy1, stride_dy2,
+                               group_offset, LEADING_DIMS, ROW_ALIGN)
+        x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows_idx * num_groups + group, mask=row_mask, other=0.0)
+
+        act, slope = activation_and_slope(g, ACTIVATION)
+        h_hat = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING) * rstd[:, None]
+        grad_hhat, dweight_term, dgate = backward_pointwise(
+            act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE, W.dtype.element_ty, HAS_WEIGHT,
+            NORM_BEFORE_GATE, ROUNDING)
+        mean_term = tl.sum(grad_hhat * h_hat, axis=1) / group_size  # [BLOCK_ROWS]
+        grad_h = rstd[:, None] * (grad_hhat - h_hat * mean_term[:, None])
+        dx, dgate = backward_inputs(x, grad_h, act, slope, dgate, X_DTYPE, G_DTYPE,
+                                    NORM_BEFORE_GATE, ROUNDING)
+        dx_rows = _row_offsets(rows_idx, size1, size2, stride_dx0, stride_dx1, stride_dx2,
+                               group_offset, LEADING_DIMS, ROW_ALIGN)
+        dgate_rows = _row_offsets(rows_idx, size1, size2, stride_dgate0, stride_dgate1,
+                                  stride_dgate2, group_offset, LEADING_DIMS, ROW_ALIGN)
+        tl.store(DX + dx_rows[:, None] + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        tl.store(DGATE + dgate_rows[:, None] + cols[None, :], dgate.to(DGATE.dtype.element_ty),
+                 mask=mask)
+        if HAS_WEIGHT:
+            dweight += tl.sum(tl.where(mask, dweight_term, 0.0), axis=0)
+
+    if HAS_WEIGHT:
+        tl.store(DW_PARTIAL + chunk.to(tl.int64) * weight_size + group_offset + cols, dweight,
+                 mask=col_mask)
+
+
+@triton.jit(do_not_specialize=RUNTIME_INTS)
+def backward_long_row_kernel(
+    X, GATE, W, DY, RSTD, DX, DGATE, DW_PARTIAL,
+    rows, size1, size2,
+    stride_x0, stride_x1, stride_x2,
+    stride_gate0, stride_gate1, stride_gate2,
+    stride_dy0, stride_dy1, stride_dy2,
+    stride_dx0, stride_dx1, stride_dx2,
+    stride_dgate0, stride_dgate1, stride_dgate2,
+    group_size, num_groups, rows_per_chunk, weight_size,
+    LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr,
+):
+    """Groups longer than a register tile: per row, pass 1 reduces mean(grad_hhat * h_hat)
+    over BLOCK_N chunks, pass 2 recomputes each chunk and writes dx and dgate. The dweight
+    partial row is this program's own, zero-filled by the launcher, and updated in place."""
+    pid = tl.program_id(0)
+    group = pid % num_groups
+    chunk = pid // num_groups
+    cols = tl.arange(0, BLOCK_N)
+    group_offset = group.to(tl.int64) * group_size
+    X_DTYPE: tl.constexpr = X.dtype.element_ty
+    G_DTYPE: tl.constexpr = GATE.dtype.element_ty
+    W_DTYPE: tl.constexpr = W.dtype.element_ty
+    partial_row = DW_PARTIAL + chunk.to(tl.int64) * weight_size + group_offset
+
+    chunk_start = chunk.to(tl.int64) * rows_per_chunk
+    chunk_end = tl.minimum(chunk_start + rows_per_chunk, rows)
+    for row in range(chunk_start, chunk_end):
+        x_row = _row_offsets(row, size1, size2, stride_x0, stride_x1, stride_x2,
+                             group_offset, LEADING_DIMS, ROW_ALIGN)
+        g_row = _row_offsets(row, size1, size2, stride_gate0, stride_gate1, stride_gate2,
+                             group_offset, LEADING_DIMS, ROW_ALIGN)
+        dy_row = _row_offsets(row, size1, size2, stride_dy0, stride_dy1, stride_dy2,
+                              group_offset, LEADING_DIMS, ROW_ALIGN)
+        dx_row = _row_offsets(row, size1, size2, stride_dx0, stride_dx1, stride_dx2,
+                              group_offset, LEADING_DIMS, ROW_ALIGN)
+        dgate_row = _row_offsets(row, size1, size2, stride_dgate0, stride_dgate1, stride_dgate2,
+                                 group_offset, LEADING_DIMS, ROW_ALIGN)
+        rstd = tl.load(RSTD + row * num_groups + group)
+
+        dot = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, group_size, BLOCK_N):
+            col_mask = start + cols < group_size
+            x = tl.load(X + x_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+            g = tl.load(GATE + g_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + dy_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+            gamma = 1.0
+            if HAS_WEIGHT:
+                gamma = tl.load(W + group_offset + start + cols, mask=col_mask, other=0.0)
+                gamma = gamma.to(tl.float32)
+                if ZERO_CENTERED:
+                    gamma = gamma + 1.0
+            act, slope = activation_and_slope(g, ACTIVATION)
+            h_hat = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING) * rstd
+            grad_hhat, _, _ = backward_pointwise(act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE,
+                                                 W_DTYPE, HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
+            dot += grad_hhat * h_hat
+        mean_term = tl.sum(dot, axis=0) / group_size
+
+        for start in range(0, group_size, BLOCK_N):
+            col_mask = start + cols < group_size
+            x = tl.load(X + x_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+            g = tl.load(GATE + g_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + dy_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+            gamma = 1.0
+            if HAS_WEIGHT:
+                gamma = tl.load(W + group_offset + start + cols, mask=col_mask, other=0.0)
+                gamma = gamma.to(tl.float32)
+                if ZERO_CENTERED:
+                    gamma = gamma + 1.0
+            act, slope = activation_and_slope(g, ACTIVATION)
+            h_hat = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING) * rstd
+            grad_hhat, dweight_term, dgate = backward_pointwise(
+                act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE, W_DTYPE, HAS_WEIGHT,
+                NORM_BEFORE_GATE, ROUNDING)
+            grad_h = rstd * (grad_hhat - h_hat * mean_term)
+            dx, dgate = backward_inputs(x, grad_h, act, slope, dgate, X_DTYPE, G_DTYPE,
+                                        NORM_BEFORE_GATE, ROUNDING)
+            tl.store(DX + dx_row + start + cols, dx.to(DX.dtype.element_ty), mask=col_mask)
+            tl.store(DGATE + dgate_row + start + cols, dgate.to(DGATE.dtype.element_ty),
+                     mask=col_mask)
+            if HAS_WEIGHT:
+                partial = tl.load(partial_row + start + cols, mask=col_mask, other=0.0)
+                tl.store(partial_row + start + cols, partial + dweight_term, mask=col_mask)
+
+
+@triton.jit(do_not_specialize=["num_chunks", "weight_size"])
+def dweight_reduce_kernel(DW_PARTIAL, DW, num_chunks, weight_size,
+                          BLOCK_CHUNKS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    """dweight[j] = sum over chunks of DW_PARTIAL[chunk, j], always in the same order."""
+    cols = tl.program_id(0) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+    col_mask = cols < weight_size
+    total = tl.zeros([BLOCK_CHUNKS, BLOCK_COLS], dtype=tl.float32)
+    for start in range(0, num_chunks, BLOCK_CHUNKS):
+        chunk_idx = start + tl.arange(0, BLOCK_CHUNKS)
+        mask = (chunk_idx < num_chunks)[:, None] & col_mask[None, :]
+        offsets = chunk_idx.to(tl.int64)[:, None] * weight_size + cols[None, :]
+        total += tl.load(DW_PARTIAL + offsets, mask=mask, other=0.0)
+    tl.store(DW + cols, tl.sum(total, axis=0).to(DW.dtype.element_ty), mask=col_mask)

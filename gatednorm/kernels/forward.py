@@ -1,0 +1,144 @@
+"""Forward kernels: y = norm(x) * act(gate) or norm(x * act(gate)), per group of N elements.
+
+Rows are the flattened leading dims of x (up to three collapsed dims with arbitrary strides);
+each row holds ``num_groups`` groups of ``group_size`` contiguous elements, normalized apart.
+Program ``pid`` owns group ``pid % num_groups`` of rows ``[pid // num_groups * BLOCK_ROWS, +BLOCK_ROWS)``.
+"""
+
+import triton
+import triton.language as tl
+
+from gatednorm.kernels.pointwise import (
+    activation_and_slope,
+    forward_output,
+    gated_input,
+    leading_offsets,
+)
+
+# Runtime integers that change with the batch, the sequence length or the layout: never
+# specialized, so a new shape reuses the compiled kernel.
+RUNTIME_INTS = [
+    "rows", "size1", "size2",
+    "stride_x0", "stride_x1", "stride_x2",
+    "stride_gate0", "stride_gate1", "stride_gate2",
+    "stride_y0", "stride_y1", "stride_y2",
+    "group_size", "num_groups",
+]
+
+
+@triton.jit(do_not_specialize=RUNTIME_INTS)
+def forward_tile_kernel(
+    X, GATE, W, Y, RSTD,
+    rows, size1, size2,
+    stride_x0, stride_x1, stride_x2,
+    stride_gate0, stride_gate1, stride_gate2,
+    stride_y0, stride_y1, stride_y2,
+    group_size, num_groups, eps,
+    LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr,
+):
+    """A [BLOCK_ROWS, BLOCK_N] tile holds whole groups: one load, one reduction, one store.
+
+    rstd = 1 / sqrt(mean(h^2) + eps),  h = x  or  x * act(gate)
+    y    = forward_output(h * rstd, act(gate), gamma)
+    """
+    pid = tl.program_id(0)
+    group = pid % num_groups
+    row_block = pid // num_groups
+    rows_idx = row_block * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)  # [BLOCK_ROWS]
+    cols = tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    row_mask = rows_idx < rows
+    col_mask = cols < group_size
+    mask = row_mask[:, None] & col_mask[None, :]  # [BLOCK_ROWS, BLOCK_N]
+    group_offset = group.to(tl.int64) * group_size
+
+    x_rows = leading_offsets(rows_idx, size1, size2, stride_x0, stride_x1, stride_x2, LEADING_DIMS)
+    g_rows = leading_offsets(rows_idx, size1, size2, stride_gate0, stride_gate1, stride_gate2,
+                             LEADING_DIMS)
+    y_rows = leading_offsets(rows_idx, size1, size2, stride_y0, stride_y1, stride_y2, LEADING_DIMS)
+    # The launcher sets ROW_ALIGN to 8 only when every row start is a multiple of 8 elements,
+    # which lets the loads and stores be 16 bytes wide.
+    x_rows = tl.multiple_of(x_rows + group_offset, ROW_ALIGN)
+    g_rows = tl.multiple_of(g_rows + group_offset, ROW_ALIGN)
+    y_rows = tl.multiple_of(y_rows + group_offset, ROW_ALIGN)
+
+    x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    gamma = 1.0
+    if HAS_WEIGHT:
+        gamma = tl.load(W + group_offset + cols, mask=col_mask, other=0.0).to(tl.float32)
+        if ZERO_CENTERED:
+            gamma = gamma + 1.0
+        gamma = gamma[None, :]  # [1, BLOCK_N]
+
+    act, _ = activation_and_slope(g, ACTIVATION)
+    h = gated_input(x, act, X.dtype.element_ty, NORM_BEFORE_GATE, ROUNDING)
+    mean_square = tl.sum(h * h, axis=1) / group_size  # [BLOCK_ROWS]
+    rstd = 1.0 / tl.sqrt(mean_square + eps)
+    y = forward_output(h * rstd[:, None], act, gamma, X.dtype.element_ty, W.dtype.element_ty,
+                       HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
+    tl.store(Y + y_rows[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + rows_idx.to(tl.int64) * num_groups + group, rstd, mask=row_mask)
+
+
+@triton.jit(do_not_specialize=RUNTIME_INTS)
+def forward_long_row_kernel(
+    X, GATE, W, Y, RSTD,
+    rows, size1, size2,
+    stride_x0, stride_x1, stride_x2,
+    stride_gate0, stride_gate1, stride_gate2,
+    stride_y0, stride_y1, stride_y2,
+    group_size, num_groups, eps,
+    LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr,
+):
+    """One group longer than a register tile, in two passes of BLOCK_N chunks.
+
+    Pass 1 accumulates sum(h^2); pass 2 re-reads x and gate (from L2 for all but the longest
+    rows) and writes y. BLOCK_ROWS is 1.
+    """
+    pid = tl.program_id(0)
+    group = pid % num_groups
+    row = pid // num_groups
+    cols = tl.arange(0, BLOCK_N)
+    group_offset = group.to(tl.int64) * group_size
+    x_row = leading_offsets(row, size1, size2, stride_x0, stride_x1, stride_x2, LEADING_DIMS)
+    g_row = leading_offsets(row, size1, size2, stride_gate0, stride_gate1, stride_gate2,
+                            LEADING_DIMS)
+    y_row = leading_offsets(row, size1, size2, stride_y0, stride_y1, stride_y2, LEADING_DIMS)
+    x_row = tl.multiple_of(x_row + group_offset, ROW_ALIGN)
+    g_row = tl.multiple_of(g_row + group_offset, ROW_ALIGN)
+    y_row = tl.multiple_of(y_row + group_offset, ROW_ALIGN)
+
+    sum_square = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, group_size, BLOCK_N):
+        col_mask = start + cols < group_size
+        x = tl.load(X + x_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+        h = x
+        if not NORM_BEFORE_GATE:
+            g = tl.load(GATE + g_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+            act, _ = activation_and_slope(g, ACTIVATION)
+            h = gated_input(x, act, X.dtype.element_ty, NORM_BEFORE_GATE, ROUNDING)
+        sum_square += h * h
+    rstd = 1.0 / tl.sqrt(tl.sum(sum_square, axis=0) / group_size + eps)
+
+    for start in range(0, group_size, BLOCK_N):
+        col_mask = start + cols < group_size
+        x = tl.load(X + x_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+        g = tl.load(GATE + g_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+        gamma = 1.0
+        if HAS_WEIGHT:
+            gamma = tl.load(W + group_offset + start + cols, mask=col_mask, other=0.0)
+            gamma = gamma.to(tl.float32)
+            if ZERO_CENTERED:
+                gamma = gamma + 1.0
+        act, _ = activation_and_slope(g, ACTIVATION)
+        h = gated_input(x, act, X.dtype.element_ty, NORM_BEFORE_GATE, ROUNDING)
+        y = forward_output(h * rstd, act, gamma, X.dtype.element_ty, W.dtype.element_ty,
+                           HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
+        tl.store(Y + y_row + start + cols, y.to(Y.dtype.element_ty), mask=col_mask)
+    tl.store(RSTD + row.to(tl.int64) * num_groups + group, rstd)

@@ -1,0 +1,129 @@
+"""Host-side launchers: allocate outputs, describe the layout, pick a config, launch.
+
+Inputs arrive validated (gatednorm.functional) with a unit-stride last dim. ``traceable``
+launches through ``torch.library.wrap_triton`` so that a registered ``triton_op`` can be
+traced by torch.compile; the eager path launches the kernels directly, which saves the
+higher-order-op dispatch on every call.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from torch.library import wrap_triton
+
+from gatednorm.kernels.backward import (
+    backward_long_row_kernel,
+    backward_tile_kernel,
+    dweight_reduce_kernel,
+)
+from gatednorm.kernels.config import backward_chunking, backward_config, forward_config
+from gatednorm.kernels.forward import forward_long_row_kernel, forward_tile_kernel
+from gatednorm.kernels.layout import RowLayout, row_layout
+
+ACTIVATION_FLAG = {"silu": 0, "sigmoid": 1}
+ROUNDING_FLAG = {"te": 0, "fp32": 1, "hf": 2}
+DWEIGHT_BLOCK_CHUNKS = 32
+DWEIGHT_BLOCK_COLS = 128
+
+
+def _launcher(kernel, traceable: bool):
+    return wrap_triton(kernel) if traceable else kernel
+
+
+def _layout_or_copy(tensors: list[torch.Tensor], outputs: int, group_size: int):
+    """The shared row layout; inputs are copied only when more than three leading dims stay
+    apart (outputs, the last ``outputs`` tensors, are contiguous and never need it)."""
+    layout = row_layout(tensors, group_size)
+    if layout is None:
+        inputs = [t.contiguous() for t in tensors[: len(tensors) - outputs]]
+        tensors = inputs + tensors[len(tensors) - outputs:]
+        layout = row_layout(tensors, group_size)
+    return layout, tensors
+
+
+def _flags(weight, zero_centered_gamma: bool, activation: str, norm_before_gate: bool,
+           rounding: str) -> dict:
+    return dict(
+        HAS_WEIGHT=weight is not None,
+        ZERO_CENTERED=zero_centered_gamma,
+        ACTIVATION=ACTIVATION_FLAG[activation],
+        NORM_BEFORE_GATE=norm_before_gate,
+        ROUNDING=ROUNDING_FLAG[rounding],
+    )
+
+
+def _layout_args(layout: RowLayout) -> list:
+    args = [layout.rows, layout.size1, layout.size2]
+    for strides in layout.strides:
+        args.extend(strides)
+    return args
+
+
+def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *, eps: float,
+            zero_centered_gamma: bool, activation: str, norm_before_gate: bool,
+            group_size: int, rounding: str, traceable: bool):
+    """Returns (y, rstd): y like x (contiguous), rstd fp32 of shape [..., D // group_size]."""
+    d = x.shape[-1]
+    num_groups = d // group_size
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rstd = torch.empty((*x.shape[:-1], num_groups), dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return y, rstd
+    layout, (x, gate, y) = _layout_or_copy([x, gate, y], 1, group_size)
+    config = forward_config(group_size, x.element_size())
+    kernel = forward_long_row_kernel if config.long_row else forward_tile_kernel
+    grid = (triton.cdiv(layout.rows, config.block_rows) * num_groups,)
+    _launcher(kernel, traceable)[grid](
+        x, gate, x if weight is None else weight, y, rstd,
+        *_layout_args(layout), group_size, num_groups, eps,
+        LEADING_DIMS=layout.leading_dims, ROW_ALIGN=layout.row_align,
+        BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
+        **_flags(weight, zero_centered_gamma, activation, norm_before_gate, rounding),
+        num_warps=config.num_warps,
+    )
+    return y, rstd
+
+
+def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
+             weight: torch.Tensor | None, rstd: torch.Tensor, *, zero_centered_gamma: bool,
+             activation: str, norm_before_gate: bool, group_size: int, rounding: str,
+             traceable: bool):
+    """Returns (dx, dgate, dweight): dx like x, dgate like gate, dweight like weight (or an
+    empty tensor without a weight). dweight sums fp32 partials in a fixed order."""
+    d = x.shape[-1]
+    num_groups = d // group_size
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if weight is None:
+        dweight = torch.empty(0, dtype=x.dtype, device=x.device)
+    else:
+        dweight = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
+    if x.numel() == 0:
+        if weight is not None:
+            dweight.zero_()
+        return dx, dgate, dweight
+    if dy.stride(-1) != 1:
+        dy = dy.contiguous()
+    layout, (x, gate, dy, dx, dgate) = _layout_or_copy([x, gate, dy, dx, dgate], 2, group_size)
+    config = backward_config(group_size, x.element_size())
+    rows_per_chunk, num_chunks = backward_chunking(layout.rows, num_groups, config.block_rows)
+    # The looped kernel adds into its partial row; the tile kernel writes it whole.
+    allocate = torch.zeros if config.long_row else torch.empty
+    partial = allocate((num_chunks, d) if weight is not None else (0,),
+                       dtype=torch.float32, device=x.device)
+    kernel = backward_long_row_kernel if config.long_row else backward_tile_kernel
+    _launcher(kernel, traceable)[(num_chunks * num_groups,)](
+        x, gate, x if weight is None else weight, dy, rstd, dx, dgate, partial,
+        *_layout_args(layout), group_size, num_groups, rows_per_chunk, d,
+        LEADING_DIMS=layout.leading_dims, ROW_ALIGN=layout.row_align,
+        BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
+        **_flags(weight, zero_centered_gamma, activation, norm_before_gate, rounding),
+        num_warps=config.num_warps,
+    )
+    if weight is not None:
+        _launcher(dweight_reduce_kernel, traceable)[(triton.cdiv(d, DWEIGHT_BLOCK_COLS),)](
+            partial, dweight, num_chunks, d,
+            BLOCK_CHUNKS=DWEIGHT_BLOCK_CHUNKS, BLOCK_COLS=DWEIGHT_BLOCK_COLS, num_warps=4,
+        )
+    return dx, dgate, dweight

@@ -1,0 +1,174 @@
+"""Elementwise pieces shared by the forward and backward kernels.
+
+Every function works on fp32 tiles of any shape. Rounding to a narrower dtype is written as a
+round trip (``t.to(dtype).to(fp32)``) at exactly the places where the unfused composite in
+``gatednorm.reference`` materializes a tensor in that dtype.
+
+Constexpr flag values (launch.py maps the public strings): ACTIVATION 0 = silu, 1 = sigmoid;
+ROUNDING 0 = "te", 1 = "fp32", 2 = "hf". They stay plain integers: module-level constexpr
+aliases used inside kernels break Inductor's tracing of user kernels.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def round_to(t, dtype: tl.constexpr):
+    return t.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def activation_and_slope(g, ACTIVATION: tl.constexpr):
+    """act(g) and act'(g). SiLU is written as g / (1 + exp(-g)), as PyTorch computes it."""
+    denominator = 1.0 + tl.exp(-g)
+    sig = 1.0 / denominator
+    if ACTIVATION == 0:
+        act = g / denominator
+        slope = sig * (1.0 + g * (1.0 - sig))
+    else:
+        act = sig
+        slope = sig * (1.0 - sig)
+    return act, slope
+
+
+@triton.jit
+def leading_offsets(rows_idx, size1, size2, stride0, stride1, stride2,
+                    LEADING_DIMS: tl.constexpr):
+    """Element offset of each row, for up to three collapsed leading dims (int64)."""
+    r = rows_idx.to(tl.int64)
+    if LEADING_DIMS == 1:
+        offsets = r * stride2
+    elif LEADING_DIMS == 2:
+        offsets = (r // size2) * stride1 + (r % size2) * stride2
+    else:
+        outer = r // size2
+        offsets = (outer // size1) * stride0 + (outer % size1) * stride1 + (r % size2) * stride2
+    return offsets
+
+
+@triton.jit
+def gated_input(x, act, X_DTYPE: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr,
+                ROUNDING: tl.constexpr):
+    """The tensor the statistics are taken over: x, or x * act(gate) when the gate comes first."""
+    if NORM_BEFORE_GATE:
+        h = x
+    else:
+        h = x * act
+        if ROUNDING == 0:
+            # TE materializes the gated input in x's dtype before its RMSNorm.
+            h = round_to(h, X_DTYPE)
+    return h
+
+
+@triton.jit
+def forward_output(h_hat, act, gamma, X_DTYPE: tl.constexpr, W_DTYPE: tl.constexpr,
+                   HAS_WEIGHT: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr,
+                   ROUNDING: tl.constexpr):
+    """y in fp32 (before the final rounding) from the normalized input h * rstd."""
+    if NORM_BEFORE_GATE:
+        if ROUNDING == 0:
+            if HAS_WEIGHT:
+                y = round_to(h_hat * gamma, X_DTYPE) * act
+            else:
+                y = round_to(h_hat, X_DTYPE) * act
+        elif ROUNDING == 1:
+            if HAS_WEIGHT:
+                y = h_hat * gamma * act
+            else:
+                y = h_hat * act
+        else:
+            y = round_to(h_hat, X_DTYPE)
+            if HAS_WEIGHT:
+                y = round_to(gamma * y, W_DTYPE)
+            y = y * act
+    else:
+        if ROUNDING == 2:
+            y = round_to(h_hat, X_DTYPE)
+            if HAS_WEIGHT:
+                y = gamma * y
+        else:
+            if HAS_WEIGHT:
+                y = h_hat * gamma
+            else:
+                y = h_hat
+    return y
+
+
+@triton.jit
+def backward_pointwise(act, slope, dy, h_hat, gamma, X_DTYPE: tl.constexpr,
+                       G_DTYPE: tl.constexpr, W_DTYPE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                       NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr):
+    """The gradient reaching the normalized input, and the per-element dweight term.
+
+    Returns (grad_h_hat, dweight_term, dgate). grad_h_hat is the gradient with
+    respect to h * rstd, gamma included; the row reduction that turns it into the gradient of
+    the norm's input is the caller's. dgate is final only when the gate comes after the norm.
+    """
+    if NORM_BEFORE_GATE:
+        # v: the normalized value the gate multiplies, at the precision the composite keeps it.
+        if ROUNDING == 0:
+            if HAS_WEIGHT:
+                v = round_to(h_hat * gamma, X_DTYPE)
+            else:
+                v = round_to(h_hat, X_DTYPE)
+            dv = round_to(dy * act, X_DTYPE)
+            grad_h_hat = dv
+            if HAS_WEIGHT:
+                grad_h_hat = dv * gamma
+            dweight_term = dv * h_hat
+        elif ROUNDING == 1:
+            if HAS_WEIGHT:
+                v = h_hat * gamma
+            else:
+                v = h_hat
+            dv = dy * act
+            grad_h_hat = dv
+            if HAS_WEIGHT:
+                grad_h_hat = dv * gamma
+            dweight_term = dv * h_hat
+        else:
+            n0 = round_to(h_hat, X_DTYPE)
+            if HAS_WEIGHT:
+                v = round_to(gamma * n0, W_DTYPE)
+                dv = round_to(dy * act, W_DTYPE)
+                grad_h_hat = round_to(dv * gamma, X_DTYPE)
+            else:
+                v = n0
+                dv = round_to(dy * act, X_DTYPE)
+                grad_h_hat = dv
+            dweight_term = dv * n0
+        dgate = round_to(dy * v * slope, G_DTYPE)
+    else:
+        # Gate first: dgate needs the input gradient of the norm; backward_inputs computes it.
+        dgate = slope
+        if ROUNDING == 2:
+            if HAS_WEIGHT:
+                grad_h_hat = round_to(dy * gamma, X_DTYPE)
+            else:
+                grad_h_hat = dy
+            dweight_term = dy * round_to(h_hat, X_DTYPE)
+        else:
+            grad_h_hat = dy
+            if HAS_WEIGHT:
+                grad_h_hat = dy * gamma
+            dweight_term = dy * h_hat
+    return grad_h_hat, dweight_term, dgate
+
+
+@triton.jit
+def backward_inputs(x, grad_h_in, act, slope, dgate_gate_after, X_DTYPE: tl.constexpr,
+                    G_DTYPE: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr,
+                    ROUNDING: tl.constexpr):
+    """dx and dgate (fp32, rounded values) from the gradient at the norm's input."""
+    if NORM_BEFORE_GATE:
+        dx = grad_h_in
+        dgate = dgate_gate_after
+    else:
+        dh = grad_h_in
+        if ROUNDING == 0:
+            # TE's RMSNorm backward hands back dh in the dtype of its input.
+            dh = round_to(dh, X_DTYPE)
+        dx = dh * act
+        dgate = round_to(dh * x * slope, G_DTYPE)
+    return dx, dgate

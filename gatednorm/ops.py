@@ -1,0 +1,114 @@
+"""The two ways into the kernels: registered torch.library ops and an eager autograd.Function.
+
+- ``torch.ops.gatednorm.rms_norm_gated_fwd`` / ``rms_norm_gated_bwd``: registered with
+  ``triton_op`` (kernels launched through ``wrap_triton``), differentiable through
+  ``register_autograd``. torch.compile traces them with no graph break and Inductor sees the
+  Triton kernels; opcheck and CUDA graphs work. Under ``TRITON_INTERPRET=1`` the kernels are
+  Python functions that ``wrap_triton`` cannot trace, so the same launchers are registered as
+  ``custom_op`` with explicit fake implementations instead.
+- :class:`EagerRMSNormGated`: the same launchers behind a plain ``autograd.Function``, used
+  outside compilation because the dispatcher boundary of a registered op costs tens of
+  microseconds per call, more than the whole kernel at decode sizes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch.library import custom_op, triton_op
+
+from gatednorm.kernels import launch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, eps: float,
+             zero_centered_gamma: bool, activation: str, norm_before_gate: bool,
+             group_size: int, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return launch.forward(
+        x, gate, weight, eps=eps, zero_centered_gamma=zero_centered_gamma,
+        activation=activation, norm_before_gate=norm_before_gate, group_size=group_size,
+        rounding=rounding, traceable=not INTERPRET)
+
+
+def _backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
+              weight: torch.Tensor | None, rstd: torch.Tensor, zero_centered_gamma: bool,
+              activation: str, norm_before_gate: bool, group_size: int,
+              rounding: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch.backward(
+        dy, x, gate, weight, rstd, zero_centered_gamma=zero_centered_gamma,
+        activation=activation, norm_before_gate=norm_before_gate, group_size=group_size,
+        rounding=rounding, traceable=not INTERPRET)
+
+
+def _forward_fake(x, gate, weight, eps, zero_centered_gamma, activation, norm_before_gate,
+                  group_size, rounding):
+    num_groups = x.shape[-1] // group_size
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
+            torch.empty((*x.shape[:-1], num_groups), dtype=torch.float32, device=x.device))
+
+
+def _backward_fake(dy, x, gate, weight, rstd, zero_centered_gamma, activation,
+                   norm_before_gate, group_size, rounding):
+    dweight = (torch.empty(0, dtype=x.dtype, device=x.device) if weight is None
+               else torch.empty(weight.shape, dtype=weight.dtype, device=weight.device))
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
+            torch.empty(gate.shape, dtype=gate.dtype, device=gate.device), dweight)
+
+
+def _register(name: str, fn, fake):
+    if INTERPRET:
+        op = custom_op(name, fn, mutates_args=())
+        op.register_fake(fake)
+        return op
+    # triton_op registers fn itself as the fake implementation: it only allocates and
+    # launches through wrap_triton, which is a no-op on fake tensors.
+    return triton_op(name, fn, mutates_args=())
+
+
+rms_norm_gated_fwd = _register("gatednorm::rms_norm_gated_fwd", _forward, _forward_fake)
+rms_norm_gated_bwd = _register("gatednorm::rms_norm_gated_bwd", _backward, _backward_fake)
+
+
+def _setup_context(ctx, inputs, output):
+    x, gate, weight, _eps, zero_centered_gamma, activation, norm_before_gate, group_size, \
+        rounding = inputs
+    ctx.save_for_backward(x, gate, weight, output[1])
+    ctx.options = (zero_centered_gamma, activation, norm_before_gate, group_size, rounding)
+
+
+def _op_backward(ctx, dy, _drstd):
+    x, gate, weight, rstd = ctx.saved_tensors
+    dx, dgate, dweight = rms_norm_gated_bwd(dy, x, gate, weight, rstd, *ctx.options)
+    return dx, dgate, (dweight if weight is not None else None), None, None, None, None, None, \
+        None
+
+
+rms_norm_gated_fwd.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+class EagerRMSNormGated(torch.autograd.Function):
+    """The launchers behind a plain autograd.Function: the low-overhead eager path."""
+
+    @staticmethod
+    def forward(ctx, x, gate, weight, eps, zero_centered_gamma, activation, norm_before_gate,
+                group_size, rounding):
+        y, rstd = launch.forward(
+            x, gate, weight, eps=eps, zero_centered_gamma=zero_centered_gamma,
+            activation=activation, norm_before_gate=norm_before_gate, group_size=group_size,
+            rounding=rounding, traceable=False)
+        ctx.save_for_backward(x, gate, weight, rstd)
+        ctx.options = (zero_centered_gamma, activation, norm_before_gate, group_size, rounding)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, gate, weight, rstd = ctx.saved_tensors
+        zero_centered_gamma, activation, norm_before_gate, group_size, rounding = ctx.options
+        dx, dgate, dweight = launch.backward(
+            dy, x, gate, weight, rstd, zero_centered_gamma=zero_centered_gamma,
+            activation=activation, norm_before_gate=norm_before_gate, group_size=group_size,
+            rounding=rounding, traceable=False)
+        return dx, dgate, (dweight if weight is not None else None), None, None, None, None, \
+            None, None
