@@ -76,5 +76,5 @@ def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | N
         y, _ = ops.rms_norm_gated_fwd(x, gate, weight, eps, zero_centered_gamma, activation,
                                       norm_before_gate, group, rounding)
         return y
-    return ops.EagerRMSNormGated.apply(x, gate, weight, eps, zero_centered_gamma, activation,
-                                       norm_before_gate, group, rounding)
+    return ops.eager_rms_norm_gated(x, gate, weight, eps, zero_centered_gamma, activation,
+                                    norm_before_gate, group, rounding)

@@ -88,6 +88,21 @@ def _op_backward(ctx, dy, _drstd):
 rms_norm_gated_fwd.register_autograd(_op_backward, setup_context=_setup_context)
 
 
+def eager_rms_norm_gated(x, gate, weight, eps, zero_centered_gamma, activation,
+                         norm_before_gate, group_size, rounding):
+    """The eager path: the autograd.Function when a gradient is needed, else the bare launch."""
+    needs_grad = torch.is_grad_enabled() and (
+        x.requires_grad or gate.requires_grad or (weight is not None and weight.requires_grad))
+    if needs_grad:
+        return EagerRMSNormGated.apply(x, gate, weight, eps, zero_centered_gamma, activation,
+                                       norm_before_gate, group_size, rounding)
+    y, _ = launch.forward(
+        x, gate, weight, eps=eps, zero_centered_gamma=zero_centered_gamma,
+        activation=activation, norm_before_gate=norm_before_gate, group_size=group_size,
+        rounding=rounding, traceable=False)
+    return y
+
+
 class EagerRMSNormGated(torch.autograd.Function):
     """The launchers behind a plain autograd.Function: the low-overhead eager path."""
 

@@ -28,7 +28,7 @@ RUNTIME_INTS = [
     "stride_dy0", "stride_dy1", "stride_dy2",
     "stride_dx0", "stride_dx1", "stride_dx2",
     "stride_dgate0", "stride_dgate1", "stride_dgate2",
-    "group_size", "num_groups", "rows_per_chunk", "weight_size",
+    "num_groups", "rows_per_chunk",
 ]
 
 
@@ -201,7 +201,7 @@ def backward_long_row_kernel(
                 tl.store(partial_row + start + cols, partial + dweight_term, mask=col_mask)
 
 
-@triton.jit(do_not_specialize=["num_chunks", "weight_size"])
+@triton.jit(do_not_specialize=["num_chunks"])
 def dweight_reduce_kernel(DW_PARTIAL, DW, num_chunks, weight_size,
                           BLOCK_CHUNKS: tl.constexpr, BLOCK_COLS: tl.constexpr):
     """dweight[j] = sum over chunks of DW_PARTIAL[chunk, j], always in the same order."""

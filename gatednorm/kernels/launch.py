@@ -8,6 +8,8 @@ higher-order-op dispatch on every call.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 from torch.library import wrap_triton
@@ -31,33 +33,61 @@ def _launcher(kernel, traceable: bool):
     return wrap_triton(kernel) if traceable else kernel
 
 
-def _layout_or_copy(tensors: list[torch.Tensor], outputs: int, group_size: int):
-    """The shared row layout; inputs are copied only when more than three leading dims stay
-    apart (outputs, the last ``outputs`` tensors, are contiguous and never need it)."""
-    layout = row_layout(tensors, group_size)
-    if layout is None:
-        inputs = [t.contiguous() for t in tensors[: len(tensors) - outputs]]
-        tensors = inputs + tensors[len(tensors) - outputs:]
-        layout = row_layout(tensors, group_size)
-    return layout, tensors
+@dataclass(frozen=True)
+class _Plan:
+    """Everything about a launch that depends only on shapes, strides, dtypes and options."""
+
+    kernel: object
+    grid: tuple[int]
+    layout_args: tuple
+    meta: dict
+    layout_copies: bool
 
 
-def _flags(weight, zero_centered_gamma: bool, activation: str, norm_before_gate: bool,
-           rounding: str) -> dict:
+# Plans of eager calls, keyed by shapes, strides, dtypes and options: a decode step repeats the
+# same call thousands of times, and rebuilding the plan costs more than the kernel at that size.
+_PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 4096
+
+
+def _cached_plan(key, build):
+    if key is None:
+        return build()
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = build()
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def _meta(layout: RowLayout, config, weight, zero_centered_gamma: bool, activation: str,
+          norm_before_gate: bool, rounding: str) -> dict:
     return dict(
-        HAS_WEIGHT=weight is not None,
-        ZERO_CENTERED=zero_centered_gamma,
-        ACTIVATION=ACTIVATION_FLAG[activation],
-        NORM_BEFORE_GATE=norm_before_gate,
-        ROUNDING=ROUNDING_FLAG[rounding],
+        LEADING_DIMS=layout.leading_dims, ROW_ALIGN=layout.row_align,
+        BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
+        HAS_WEIGHT=weight is not None, ZERO_CENTERED=zero_centered_gamma,
+        ACTIVATION=ACTIVATION_FLAG[activation], NORM_BEFORE_GATE=norm_before_gate,
+        ROUNDING=ROUNDING_FLAG[rounding], num_warps=config.num_warps,
     )
 
 
-def _layout_args(layout: RowLayout) -> list:
+def _layout_args(layout: RowLayout) -> tuple:
     args = [layout.rows, layout.size1, layout.size2]
     for strides in layout.strides:
         args.extend(strides)
-    return args
+    return tuple(args)
+
+
+def _row_layout_of(inputs: list[torch.Tensor], outputs: list[torch.Tensor], group_size: int):
+    """(layout, copies): copies is True when more than three leading dims stay apart after
+    merging, in which case the inputs must be made contiguous first (outputs always are)."""
+    layout = row_layout(inputs + outputs, group_size)
+    if layout is not None:
+        return layout, False
+    inputs = [t.contiguous() for t in inputs]
+    return row_layout(inputs + outputs, group_size), True
 
 
 def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *, eps: float,
@@ -70,18 +100,29 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
     rstd = torch.empty((*x.shape[:-1], num_groups), dtype=torch.float32, device=x.device)
     if x.numel() == 0:
         return y, rstd
-    layout, (x, gate, y) = _layout_or_copy([x, gate, y], 1, group_size)
-    config = forward_config(group_size, x.element_size())
-    kernel = forward_long_row_kernel if config.long_row else forward_tile_kernel
-    grid = (triton.cdiv(layout.rows, config.block_rows) * num_groups,)
-    _launcher(kernel, traceable)[grid](
+
+    def build() -> _Plan:
+        layout, copies = _row_layout_of([x, gate], [y], group_size)
+        config = forward_config(group_size, x.element_size())
+        return _Plan(
+            kernel=forward_long_row_kernel if config.long_row else forward_tile_kernel,
+            grid=(triton.cdiv(layout.rows, config.block_rows) * num_groups,),
+            layout_args=_layout_args(layout),
+            meta=_meta(layout, config, weight, zero_centered_gamma, activation,
+                       norm_before_gate, rounding),
+            layout_copies=copies,
+        )
+
+    key = None if traceable else (
+        "fwd", x.shape, x.stride(), gate.stride(), x.dtype, gate.dtype,
+        None if weight is None else weight.dtype, group_size, zero_centered_gamma, activation,
+        norm_before_gate, rounding)
+    plan = _cached_plan(key, build)
+    if plan.layout_copies:
+        x, gate = x.contiguous(), gate.contiguous()
+    _launcher(plan.kernel, traceable)[plan.grid](
         x, gate, x if weight is None else weight, y, rstd,
-        *_layout_args(layout), group_size, num_groups, eps,
-        LEADING_DIMS=layout.leading_dims, ROW_ALIGN=layout.row_align,
-        BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
-        **_flags(weight, zero_centered_gamma, activation, norm_before_gate, rounding),
-        num_warps=config.num_warps,
-    )
+        *plan.layout_args, group_size, num_groups, eps, **plan.meta)
     return y, rstd
 
 
@@ -105,22 +146,37 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
         return dx, dgate, dweight
     if dy.stride(-1) != 1:
         dy = dy.contiguous()
-    layout, (x, gate, dy, dx, dgate) = _layout_or_copy([x, gate, dy, dx, dgate], 2, group_size)
-    config = backward_config(group_size, x.element_size())
-    rows_per_chunk, num_chunks = backward_chunking(layout.rows, num_groups, config.block_rows)
-    # The looped kernel adds into its partial row; the tile kernel writes it whole.
-    allocate = torch.zeros if config.long_row else torch.empty
+
+    def build() -> _Plan:
+        layout, copies = _row_layout_of([x, gate, dy], [dx, dgate], group_size)
+        config = backward_config(group_size, x.element_size())
+        rows_per_chunk, num_chunks = backward_chunking(layout.rows, num_groups,
+                                                       config.block_rows)
+        return _Plan(
+            kernel=backward_long_row_kernel if config.long_row else backward_tile_kernel,
+            grid=(num_chunks * num_groups,),
+            layout_args=_layout_args(layout) + (group_size, num_groups, rows_per_chunk, d),
+            meta=_meta(layout, config, weight, zero_centered_gamma, activation,
+                       norm_before_gate, rounding),
+            layout_copies=copies,
+        )
+
+    key = None if traceable else (
+        "bwd", x.shape, x.stride(), gate.stride(), dy.stride(), x.dtype, gate.dtype,
+        None if weight is None else weight.dtype, group_size, zero_centered_gamma, activation,
+        norm_before_gate, rounding)
+    plan = _cached_plan(key, build)
+    if plan.layout_copies:
+        x, gate, dy = x.contiguous(), gate.contiguous(), dy.contiguous()
+    num_chunks = plan.grid[0] // num_groups
+    long_row = plan.kernel is backward_long_row_kernel
+    # The looped kernel adds into its partial row; the tile kernel writes its row whole.
+    allocate = torch.zeros if long_row else torch.empty
     partial = allocate((num_chunks, d) if weight is not None else (0,),
                        dtype=torch.float32, device=x.device)
-    kernel = backward_long_row_kernel if config.long_row else backward_tile_kernel
-    _launcher(kernel, traceable)[(num_chunks * num_groups,)](
+    _launcher(plan.kernel, traceable)[plan.grid](
         x, gate, x if weight is None else weight, dy, rstd, dx, dgate, partial,
-        *_layout_args(layout), group_size, num_groups, rows_per_chunk, d,
-        LEADING_DIMS=layout.leading_dims, ROW_ALIGN=layout.row_align,
-        BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
-        **_flags(weight, zero_centered_gamma, activation, norm_before_gate, rounding),
-        num_warps=config.num_warps,
-    )
+        *plan.layout_args, **plan.meta)
     if weight is not None:
         _launcher(dweight_reduce_kernel, traceable)[(triton.cdiv(d, DWEIGHT_BLOCK_COLS),)](
             partial, dweight, num_chunks, d,
