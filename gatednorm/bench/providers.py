@@ -11,7 +11,8 @@ zero-argument callables that :mod:`gatednorm.bench.timing` times.
   the norm, Nemotron-H ``MambaRMSNormGated`` for the gate first), as a plain function.
 - ``megatron-eager``: Megatron's unfused path as eager ops: TransformerEngine-style RMSNorm in
   fp32 rounded to x's dtype, then the gate applied by a separate pointwise op.
-- ``hf-compile``: ``torch.compile(hf-eager formula, dynamic=False)``, compiled afresh per case.
+- ``hf-compile``: ``torch.compile(hf-eager formula, dynamic=False)``, compiled afresh per case
+  (donated buffers off, so that its backward can run twice through a retained graph).
 - ``fla``: flash-linear-attention's fused ``rms_norm_gated`` (norm then gate, one norm per row).
 - ``fla-mamba``: flash-linear-attention's Mamba-style ``rmsnorm_fn`` (gate first or grouped).
 
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch._functorch.config as functorch_config
 import torch.nn.functional as F
 
 import gatednorm
@@ -123,6 +125,10 @@ def _build_hf_compile(case: Case, options: Options) -> NormFn:
     # A fresh Dynamo cache per case: no recompile limit is reached across the many shapes of
     # one run, and every case pays (and records) its own compile in its first call.
     torch.compiler.reset()
+    # Donated buffers let the compiled backward reuse saved activations' memory, which forbids
+    # retain_graph=True: without them the backward can be timed alone like every other
+    # provider's. They save memory, not kernel time.
+    functorch_config.donated_buffer = False
     kwargs = _formula_kwargs(case, options)
 
     def formula(x, gate, weight):

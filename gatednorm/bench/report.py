@@ -23,9 +23,21 @@ def timed(record: dict) -> bool:
     return record["status"] in TIMED_STATUSES and record.get("median_ms") is not None
 
 
+def _finite(value):
+    """NaN and infinities as None: strict JSON has no token for them (``correct`` still says
+    whether a check failed)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def write_json(path: Path, result: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
+    path.write_text(json.dumps(_finite(result), indent=1, allow_nan=False) + "\n")
 
 
 def _index(records: Iterable[dict]) -> dict:
@@ -115,18 +127,23 @@ def format_report(result: dict) -> str:
             bwd = entry.get("bwd_first_call_s")
             lines.append(f"  {entry['config']:<48} fwd {entry['fwd_first_call_s']:7.3f}"
                          + (f"  bwd {bwd:7.3f}" if bwd is not None else ""))
-    problems = [r for r in records if r["status"] in ("error", "wrong", "skipped")]
     counts: dict[str, int] = {}
     for r in records:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     lines += ["", "records by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))]
+    # Errors and failed checks one by one (once per provider and case); skips by reason.
     seen = set()
-    for r in problems:
-        key = (r["provider"], r["case"], r["status"], r.get("error"))
-        if key not in seen:
-            seen.add(key)
-            lines.append(f"  {r['status']}: {r['provider']} / {r['case']}: "
-                         f"{r.get('error') or _check_summary(r)}")
+    skipped: dict[str, int] = {}
+    for r in records:
+        if r["status"] == "skipped":
+            skipped[r["error"]] = skipped.get(r["error"], 0) + 1
+        elif r["status"] in ("error", "wrong"):
+            key = (r["provider"], r["case"], r["status"], r.get("error"))
+            if key not in seen:
+                seen.add(key)
+                lines.append(f"  {r['status']}: {r['provider']} / {r['case']}: "
+                             f"{r.get('error') or _check_summary(r)}")
+    lines += [f"  skipped ({n} records): {reason}" for reason, n in skipped.items()]
     return "\n".join(lines)
 
 

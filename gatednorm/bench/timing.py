@@ -57,9 +57,9 @@ class Budget:
     set_memory_bytes: int
 
 
-FULL = Budget(target_ms=30.0, min_reps=10, max_reps=200, decode_calls=200, decode_trials=5,
+FULL = Budget(target_ms=20.0, min_reps=10, max_reps=100, decode_calls=200, decode_trials=5,
               max_sets=8, set_memory_bytes=16 * 2**30)
-QUICK = Budget(target_ms=12.0, min_reps=5, max_reps=100, decode_calls=100, decode_trials=3,
+QUICK = Budget(target_ms=10.0, min_reps=5, max_reps=50, decode_calls=100, decode_trials=3,
                max_sets=8, set_memory_bytes=16 * 2**30)
 SMOKE = Budget(target_ms=0.1, min_reps=2, max_reps=3, decode_calls=3, decode_trials=2,
                max_sets=2, set_memory_bytes=2**30)

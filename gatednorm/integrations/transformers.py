@@ -48,6 +48,15 @@ def _weight_operand(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return weight.float()
 
 
+def _broadcast(x: torch.Tensor, gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # The sources multiply by the gate with broadcasting; normalizing each broadcast copy of a
+    # row gives the same values, so expanded (stride-0) views reproduce them exactly.
+    if x.shape == gate.shape:
+        return x, gate
+    shape = torch.broadcast_shapes(x.shape, gate.shape)
+    return x.expand(shape), gate.expand(shape)
+
+
 class TransformersRMSNormGated(RMSNormGated):
     """:class:`gatednorm.RMSNormGated` with the calling convention of the module it replaces.
 
@@ -59,8 +68,10 @@ class TransformersRMSNormGated(RMSNormGated):
     - without a gate: the source's plain RMSNorm in eager PyTorch (not fused) where the source
       accepts gate=None; a TypeError where it does not.
     - output: the source's dtype (x's, or ``promote_types(x, weight)`` for the gate-first
-      Mamba2-style modules, which return ``weight * normed`` without a final cast) and shape
-      (FalconH1 squeezes a [B, 1, D] input to [B, D]).
+      Mamba2-style modules, which return ``weight * normed`` without a final cast) and shape:
+      x and gate broadcast as the sources' multiply does, and FalconH1 squeezes a single step
+      [B, 1, D] to [B, D] (before its gate in the norm-then-gate order, so that a [B, 1, D]
+      gate broadcasts the result to [B, B, D] there, as in transformers).
 
     A wider weight than x in the promoting modules (an fp32 weight with bf16 x) is the one case
     that is not bit-exact: the source returns the unrounded fp32 product, this module the
@@ -103,22 +114,28 @@ class TransformersRMSNormGated(RMSNormGated):
             return self.weight * normed.to(x.dtype)
         return (self.weight * normed).to(x.dtype)
 
+    def _squeeze_single_step(self, t: torch.Tensor) -> torch.Tensor:
+        if self.spec.squeezes_single_step and t.dim() == 3 and t.shape[1] == 1:
+            return t.squeeze(1)
+        return t
+
     def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
         x = hidden_states
         if gate is None:
             if not self.spec.gate_optional:
                 raise TypeError(f"{self.spec.source} is called with a gate; got gate=None")
-            y = self._ungated(x)
-        else:
-            y = rms_norm_gated(
-                x, _gate_operand(gate, x), _weight_operand(self.weight, x), eps=self.eps,
-                activation=self.activation, norm_before_gate=self.norm_before_gate,
-                group_size=self.group_size, rounding=self.rounding)
-            if self.spec.promotes_output:
-                y = y.to(torch.promote_types(x.dtype, self.weight.dtype))
-        if self.spec.squeezes_single_step and x.dim() == 3 and x.shape[1] == 1:
-            y = y.squeeze(1)
-        return y
+            return self._squeeze_single_step(self._ungated(x))
+        if self.norm_before_gate:
+            # FalconH1 squeezes the normalized single step before the gate multiplies it.
+            x = self._squeeze_single_step(x)
+        x, gate = _broadcast(x, gate)
+        y = rms_norm_gated(
+            x, _gate_operand(gate, x), _weight_operand(self.weight, x), eps=self.eps,
+            activation=self.activation, norm_before_gate=self.norm_before_gate,
+            group_size=self.group_size, rounding=self.rounding)
+        if self.spec.promotes_output:
+            y = y.to(torch.promote_types(x.dtype, self.weight.dtype))
+        return y if self.norm_before_gate else self._squeeze_single_step(y)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, source={self.spec.source}"

@@ -202,15 +202,18 @@ def backward_long_row_kernel(
 
 
 @triton.jit(do_not_specialize=["num_chunks"])
-def dweight_reduce_kernel(DW_PARTIAL, DW, num_chunks, weight_size,
+def dweight_reduce_kernel(PARTIAL, OUT, num_chunks, weight_size,
                           BLOCK_CHUNKS: tl.constexpr, BLOCK_COLS: tl.constexpr):
-    """dweight[j] = sum over chunks of DW_PARTIAL[chunk, j], always in the same order."""
+    """One level of a fixed reduction tree over the chunk partials.
+
+    Program (c, k) writes OUT[k, c*BLOCK_COLS : +BLOCK_COLS] = sum of PARTIAL rows
+    [k*BLOCK_CHUNKS, +BLOCK_CHUNKS). The launcher repeats levels until one row is left, so the
+    order of the additions depends only on the number of chunks.
+    """
     cols = tl.program_id(0) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
-    col_mask = cols < weight_size
-    total = tl.zeros([BLOCK_CHUNKS, BLOCK_COLS], dtype=tl.float32)
-    for start in range(0, num_chunks, BLOCK_CHUNKS):
-        chunk_idx = start + tl.arange(0, BLOCK_CHUNKS)
-        mask = (chunk_idx < num_chunks)[:, None] & col_mask[None, :]
-        offsets = chunk_idx.to(tl.int64)[:, None] * weight_size + cols[None, :]
-        total += tl.load(DW_PARTIAL + offsets, mask=mask, other=0.0)
-    tl.store(DW + cols, tl.sum(total, axis=0).to(DW.dtype.element_ty), mask=col_mask)
+    chunk_idx = tl.program_id(1) * BLOCK_CHUNKS + tl.arange(0, BLOCK_CHUNKS)
+    mask = (chunk_idx < num_chunks)[:, None] & (cols < weight_size)[None, :]
+    offsets = chunk_idx.to(tl.int64)[:, None] * weight_size + cols[None, :]
+    total = tl.sum(tl.load(PARTIAL + offsets, mask=mask, other=0.0), axis=0)
+    out_offsets = tl.program_id(1).to(tl.int64) * weight_size + cols
+    tl.store(OUT + out_offsets, total.to(OUT.dtype.element_ty), mask=cols < weight_size)

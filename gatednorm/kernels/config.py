@@ -1,4 +1,4 @@
-"""Launch configurations: a small table keyed by group size and dtype, no autotuning.
+"""Launch configurations: a small table keyed by group size, no autotuning.
 
 Autotuning on the hot path is slow on the first call and can pick differently from run to run,
 which would also change dweight's bits (the chunking depends on the tile). The numbers here
@@ -11,13 +11,22 @@ from dataclasses import dataclass
 
 import triton
 
-# Groups up to this many elements are held in registers as one tile; longer ones loop.
-MAX_TILE_N = 16384
-# Chunk width of the looped (long-row) kernels.
-LONG_ROW_BLOCK_N = 4096
+# Measured best (block_rows, num_warps) per power-of-two tile width, bf16, on an H200
+# (docs/perf-notes.md). Forward groups up to 16384 elements stay in registers; the backward
+# keeps about three times as many live values and loops beyond 8192.
+FORWARD_TILES = {
+    128: (16, 4), 256: (8, 4), 512: (4, 4), 1024: (1, 2), 2048: (1, 4), 4096: (1, 8),
+    8192: (1, 8), 16384: (2, 32),
+}
+BACKWARD_TILES = {
+    128: (8, 2), 256: (4, 2), 512: (2, 2), 1024: (1, 2), 2048: (1, 4), 4096: (1, 8),
+    8192: (1, 32),
+}
+FORWARD_LONG_ROW = (4096, 16)
+BACKWARD_LONG_ROW = (2048, 8)
 # The backward splits rows into about this many (chunk, group) programs. A constant, not the
 # SM count: the partition, and so dweight's rounding, must not depend on the GPU.
-BACKWARD_TARGET_PROGRAMS = 1024
+BACKWARD_TARGET_PROGRAMS = 1056
 
 
 @dataclass(frozen=True)
@@ -30,30 +39,26 @@ class LaunchConfig:
     long_row: bool
 
 
-def _warps_for(tile_elements: int) -> int:
-    if tile_elements <= 1024:
-        return 4
-    if tile_elements <= 8192:
-        return 8
-    return 16
+def _tile_config(group_size: int, tiles: dict, long_row: tuple[int, int]) -> LaunchConfig:
+    block_n = triton.next_power_of_2(group_size)
+    if block_n > max(tiles):
+        return LaunchConfig(1, long_row[0], long_row[1], True)
+    if block_n < min(tiles):
+        # Narrow groups: as many rows as the narrowest measured tile holds elements.
+        rows, warps = tiles[min(tiles)]
+        return LaunchConfig(rows * min(tiles) // block_n, block_n, warps, False)
+    rows, warps = tiles[block_n]
+    return LaunchConfig(rows, block_n, warps, False)
 
 
 def forward_config(group_size: int, element_bytes: int) -> LaunchConfig:
-    """Tile of about 8 KB of x per program: enough bytes in flight per SM, no spills."""
-    block_n = triton.next_power_of_2(group_size)
-    if block_n > MAX_TILE_N:
-        return LaunchConfig(1, LONG_ROW_BLOCK_N, 8, True)
-    block_rows = max(1, 8192 // (block_n * element_bytes))
-    return LaunchConfig(block_rows, block_n, _warps_for(block_rows * block_n), False)
+    """Forward tile for one group size (the same element count for every dtype)."""
+    return _tile_config(group_size, FORWARD_TILES, FORWARD_LONG_ROW)
 
 
 def backward_config(group_size: int, element_bytes: int) -> LaunchConfig:
-    """Half the forward tile: the backward keeps three inputs and more temporaries live."""
-    block_n = triton.next_power_of_2(group_size)
-    if block_n > MAX_TILE_N:
-        return LaunchConfig(1, LONG_ROW_BLOCK_N, 8, True)
-    block_rows = max(1, 4096 // (block_n * element_bytes))
-    return LaunchConfig(block_rows, block_n, _warps_for(block_rows * block_n), False)
+    """Backward tile for one group size."""
+    return _tile_config(group_size, BACKWARD_TILES, BACKWARD_LONG_ROW)
 
 
 def backward_chunking(rows: int, num_groups: int, block_rows: int) -> tuple[int, int]:

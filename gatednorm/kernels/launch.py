@@ -25,8 +25,8 @@ from gatednorm.kernels.layout import RowLayout, row_layout
 
 ACTIVATION_FLAG = {"silu": 0, "sigmoid": 1}
 ROUNDING_FLAG = {"te": 0, "fp32": 1, "hf": 2}
-DWEIGHT_BLOCK_CHUNKS = 32
-DWEIGHT_BLOCK_COLS = 128
+DWEIGHT_BLOCK_CHUNKS = 128
+DWEIGHT_BLOCK_COLS = 32
 
 
 def _launcher(kernel, traceable: bool):
@@ -178,8 +178,24 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
         x, gate, x if weight is None else weight, dy, rstd, dx, dgate, partial,
         *plan.layout_args, **plan.meta)
     if weight is not None:
-        _launcher(dweight_reduce_kernel, traceable)[(triton.cdiv(d, DWEIGHT_BLOCK_COLS),)](
-            partial, dweight, num_chunks, d,
+        _reduce_partials(partial, dweight, num_chunks, d, traceable)
+    return dx, dgate, dweight
+
+
+def _reduce_partials(partial: torch.Tensor, dweight: torch.Tensor, num_chunks: int, d: int,
+                     traceable: bool) -> None:
+    """Sum the [num_chunks, d] fp32 partials into dweight with a fixed tree of launches: each
+    level adds blocks of DWEIGHT_BLOCK_CHUNKS rows in parallel, the last writes dweight."""
+    rows = num_chunks
+    while True:
+        out_rows = triton.cdiv(rows, DWEIGHT_BLOCK_CHUNKS)
+        out = dweight if out_rows == 1 else torch.empty(
+            (out_rows, d), dtype=torch.float32, device=partial.device)
+        _launcher(dweight_reduce_kernel, traceable)[(triton.cdiv(d, DWEIGHT_BLOCK_COLS),
+                                                     out_rows)](
+            partial, out, rows, d,
             BLOCK_CHUNKS=DWEIGHT_BLOCK_CHUNKS, BLOCK_COLS=DWEIGHT_BLOCK_COLS, num_warps=4,
         )
-    return dx, dgate, dweight
+        if out_rows == 1:
+            return
+        partial, rows = out, out_rows
