@@ -99,7 +99,7 @@ def eager_rms_norm_gated(x, gate, weight, eps, zero_centered_gamma, activation,
     y, _ = launch.forward(
         x, gate, weight, eps=eps, zero_centered_gamma=zero_centered_gamma,
         activation=activation, norm_before_gate=norm_before_gate, group_size=group_size,
-        rounding=rounding, traceable=False)
+        rounding=rounding, traceable=False, store_rstd=False)
     return y
 
 

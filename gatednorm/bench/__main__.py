@@ -50,7 +50,7 @@ from gatednorm.bench import cases, providers, report, timing
 # Full run on the H200: ~6 minutes of wall time in all; the case loop stops starting new
 # cases after this many seconds (startup, the copy measurement and the report take the rest).
 FULL_BUDGET_S = 330.0
-COPY_BYTES_CUDA = 2 * 2**30
+COPY_BYTES_CUDA = 2**30
 COPY_BYTES_CPU = 16 * 2**20
 
 
@@ -322,11 +322,15 @@ def _device_info(device) -> dict:
             "l2_bytes": timing.l2_bytes(device), "cuda": torch.version.cuda}
 
 
-def _default_out(device, smoke: bool, gpu: str) -> Path:
+def _default_out(device, mode: str, gpu: str, filtered: bool) -> Path:
+    """benchmarks/results/<gpu>-<date>.json for a full GPU run (-quick, -subset when not
+    full); a temporary file for smoke and CPU runs."""
     date = datetime.date.today().isoformat()
-    if timing.is_cuda(device) and not smoke:
-        return Path("benchmarks") / "results" / f"{_gpu_slug(gpu)}-{date}.json"
-    return Path(tempfile.gettempdir()) / "gatednorm-bench" / f"smoke-{device.type}-{date}.json"
+    if timing.is_cuda(device) and mode != "smoke":
+        tags = ([] if mode == "full" else [mode]) + (["subset"] if filtered else [])
+        name = "-".join([_gpu_slug(gpu), date, *tags]) + ".json"
+        return Path("benchmarks") / "results" / name
+    return Path(tempfile.gettempdir()) / "gatednorm-bench" / f"{mode}-{device.type}-{date}.json"
 
 
 def _skip_case(case, selected, ctx: Context, budget_s: float) -> list[dict]:
@@ -383,7 +387,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         case_list, budget, mode = cases.full_cases(), timing.FULL, "full"
     case_list = cases.select(case_list, args.cases)
-    selected = providers.select(args.providers)
+    try:
+        selected = providers.select(args.providers)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
     if args.list:
         _print_list(case_list, selected)
         return 0
@@ -403,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         FULL_BUDGET_S if mode == "full" else None)
     budget_s = budget_s or None
     gpu = torch.cuda.get_device_name(device) if timing.is_cuda(device) else "cpu"
-    out = args.out or _default_out(device, args.smoke, gpu)
+    out = args.out or _default_out(device, mode, gpu, bool(args.cases or args.providers))
 
     copy_bytes = COPY_BYTES_CUDA if timing.is_cuda(device) else COPY_BYTES_CPU
     ctx = Context(device=device, budget=budget, options=options,

@@ -5,8 +5,8 @@ user of that implementation would call it (same strides, no copies added by the 
 :func:`forward_call`, :func:`backward_call` and :func:`forward_backward_call` wrap it into the
 zero-argument callables that :mod:`gatednorm.bench.timing` times.
 
-- ``gatednorm``: :func:`gatednorm.rms_norm_gated` (eager path: the launchers behind an
-  ``autograd.Function``), rounding ``--rounding`` (default ``"te"``).
+- ``gatednorm``: :func:`gatednorm.rms_norm_gated` as a user calls it outside torch.compile,
+  with rounding ``--rounding`` (default ``"te"``).
 - ``hf-eager``: the transformers eager formula (Qwen3-Next ``RMSNormGated`` for the gate after
   the norm, Nemotron-H ``MambaRMSNormGated`` for the gate first), as a plain function.
 - ``megatron-eager``: Megatron's unfused path as eager ops: TransformerEngine-style RMSNorm in
@@ -177,7 +177,7 @@ def _build_fla_mamba(case: Case, options: Options) -> NormFn:
     return fn
 
 
-def _everything(case: Case) -> str | None:
+def _runs_every_case(case: Case) -> str | None:
     return None
 
 
@@ -201,7 +201,7 @@ def _fla_mamba_unsupported(case: Case) -> str | None:
     return None
 
 
-def _installed() -> str | None:
+def _always_available() -> str | None:
     return None
 
 
@@ -220,13 +220,13 @@ class Provider:
 
 PROVIDERS = (
     Provider("gatednorm", "gatednorm.rms_norm_gated (fused Triton, eager path)",
-             _build_gatednorm, _everything, _installed),
+             _build_gatednorm, _runs_every_case, _always_available),
     Provider("hf-eager", "transformers eager formula (Qwen3-Next / Nemotron-H RMSNormGated)",
-             _build_hf_eager, _everything, _installed),
+             _build_hf_eager, _runs_every_case, _always_available),
     Provider("megatron-eager", "Megatron unfused: TE-style RMSNorm then a pointwise gate",
-             _build_megatron_eager, _everything, _installed),
+             _build_megatron_eager, _runs_every_case, _always_available),
     Provider("hf-compile", "torch.compile(transformers formula, dynamic=False)",
-             _build_hf_compile, _everything, _installed),
+             _build_hf_compile, _runs_every_case, _always_available),
     Provider("fla", "fla.modules.norm.fused_norm_gate.rms_norm_gated",
              _build_fla, _fla_unsupported, _fla_missing),
     Provider("fla-mamba", "fla.modules.norm.layernorm_gated.rmsnorm_fn",

@@ -141,64 +141,65 @@ def backward_long_row_kernel(
     partial_row = DW_PARTIAL + chunk.to(tl.int64) * weight_size + group_offset
 
     chunk_start = chunk.to(tl.int64) * rows_per_chunk
-    chunk_end = tl.minimum(chunk_start + rows_per_chunk, rows)
-    for row in range(chunk_start, chunk_end):
-        x_row = _row_offsets(row, size1, size2, stride_x0, stride_x1, stride_x2,
-                             group_offset, LEADING_DIMS, ROW_ALIGN)
-        g_row = _row_offsets(row, size1, size2, stride_gate0, stride_gate1, stride_gate2,
-                             group_offset, LEADING_DIMS, ROW_ALIGN)
-        dy_row = _row_offsets(row, size1, size2, stride_dy0, stride_dy1, stride_dy2,
-                              group_offset, LEADING_DIMS, ROW_ALIGN)
-        dx_row = _row_offsets(row, size1, size2, stride_dx0, stride_dx1, stride_dx2,
-                              group_offset, LEADING_DIMS, ROW_ALIGN)
-        dgate_row = _row_offsets(row, size1, size2, stride_dgate0, stride_dgate1, stride_dgate2,
+    for row_in_chunk in range(0, rows_per_chunk):
+        row = chunk_start + row_in_chunk
+        if row < rows:
+            x_row = _row_offsets(row, size1, size2, stride_x0, stride_x1, stride_x2,
                                  group_offset, LEADING_DIMS, ROW_ALIGN)
-        rstd = tl.load(RSTD + row * num_groups + group)
+            g_row = _row_offsets(row, size1, size2, stride_gate0, stride_gate1, stride_gate2,
+                                 group_offset, LEADING_DIMS, ROW_ALIGN)
+            dy_row = _row_offsets(row, size1, size2, stride_dy0, stride_dy1, stride_dy2,
+                                  group_offset, LEADING_DIMS, ROW_ALIGN)
+            dx_row = _row_offsets(row, size1, size2, stride_dx0, stride_dx1, stride_dx2,
+                                  group_offset, LEADING_DIMS, ROW_ALIGN)
+            dgate_row = _row_offsets(row, size1, size2, stride_dgate0, stride_dgate1, stride_dgate2,
+                                     group_offset, LEADING_DIMS, ROW_ALIGN)
+            rstd = tl.load(RSTD + row * num_groups + group)
 
-        dot = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in range(0, group_size, BLOCK_N):
-            col_mask = start + cols < group_size
-            x = tl.load(X + x_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
-            g = tl.load(GATE + g_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
-            dy = tl.load(DY + dy_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
-            gamma = 1.0
-            if HAS_WEIGHT:
-                gamma = tl.load(W + group_offset + start + cols, mask=col_mask, other=0.0)
-                gamma = gamma.to(tl.float32)
-                if ZERO_CENTERED:
-                    gamma = gamma + 1.0
-            act, slope = activation_and_slope(g, ACTIVATION)
-            h_hat = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING) * rstd
-            grad_hhat, _, _ = backward_pointwise(act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE,
-                                                 W_DTYPE, HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
-            dot += grad_hhat * h_hat
-        mean_term = tl.sum(dot, axis=0) / group_size
+            dot = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for start in range(0, group_size, BLOCK_N):
+                col_mask = start + cols < group_size
+                x = tl.load(X + x_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+                g = tl.load(GATE + g_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + dy_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+                gamma = 1.0
+                if HAS_WEIGHT:
+                    gamma = tl.load(W + group_offset + start + cols, mask=col_mask, other=0.0)
+                    gamma = gamma.to(tl.float32)
+                    if ZERO_CENTERED:
+                        gamma = gamma + 1.0
+                act, slope = activation_and_slope(g, ACTIVATION)
+                h_hat = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING) * rstd
+                grad_hhat, _, _ = backward_pointwise(act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE,
+                                                     W_DTYPE, HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
+                dot += grad_hhat * h_hat
+            mean_term = tl.sum(dot, axis=0) / group_size
 
-        for start in range(0, group_size, BLOCK_N):
-            col_mask = start + cols < group_size
-            x = tl.load(X + x_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
-            g = tl.load(GATE + g_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
-            dy = tl.load(DY + dy_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
-            gamma = 1.0
-            if HAS_WEIGHT:
-                gamma = tl.load(W + group_offset + start + cols, mask=col_mask, other=0.0)
-                gamma = gamma.to(tl.float32)
-                if ZERO_CENTERED:
-                    gamma = gamma + 1.0
-            act, slope = activation_and_slope(g, ACTIVATION)
-            h_hat = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING) * rstd
-            grad_hhat, dweight_term, dgate = backward_pointwise(
-                act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE, W_DTYPE, HAS_WEIGHT,
-                NORM_BEFORE_GATE, ROUNDING)
-            grad_h = rstd * (grad_hhat - h_hat * mean_term)
-            dx, dgate = backward_inputs(x, grad_h, act, slope, dgate, X_DTYPE, G_DTYPE,
-                                        NORM_BEFORE_GATE, ROUNDING)
-            tl.store(DX + dx_row + start + cols, dx.to(DX.dtype.element_ty), mask=col_mask)
-            tl.store(DGATE + dgate_row + start + cols, dgate.to(DGATE.dtype.element_ty),
-                     mask=col_mask)
-            if HAS_WEIGHT:
-                partial = tl.load(partial_row + start + cols, mask=col_mask, other=0.0)
-                tl.store(partial_row + start + cols, partial + dweight_term, mask=col_mask)
+            for start in range(0, group_size, BLOCK_N):
+                col_mask = start + cols < group_size
+                x = tl.load(X + x_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+                g = tl.load(GATE + g_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + dy_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+                gamma = 1.0
+                if HAS_WEIGHT:
+                    gamma = tl.load(W + group_offset + start + cols, mask=col_mask, other=0.0)
+                    gamma = gamma.to(tl.float32)
+                    if ZERO_CENTERED:
+                        gamma = gamma + 1.0
+                act, slope = activation_and_slope(g, ACTIVATION)
+                h_hat = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING) * rstd
+                grad_hhat, dweight_term, dgate = backward_pointwise(
+                    act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE, W_DTYPE, HAS_WEIGHT,
+                    NORM_BEFORE_GATE, ROUNDING)
+                grad_h = rstd * (grad_hhat - h_hat * mean_term)
+                dx, dgate = backward_inputs(x, grad_h, act, slope, dgate, X_DTYPE, G_DTYPE,
+                                            NORM_BEFORE_GATE, ROUNDING)
+                tl.store(DX + dx_row + start + cols, dx.to(DX.dtype.element_ty), mask=col_mask)
+                tl.store(DGATE + dgate_row + start + cols, dgate.to(DGATE.dtype.element_ty),
+                         mask=col_mask)
+                if HAS_WEIGHT:
+                    partial = tl.load(partial_row + start + cols, mask=col_mask, other=0.0)
+                    tl.store(partial_row + start + cols, partial + dweight_term, mask=col_mask)
 
 
 @triton.jit(do_not_specialize=["num_chunks"])

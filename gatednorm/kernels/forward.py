@@ -2,6 +2,7 @@
 
 Rows are the flattened leading dims of x (up to three collapsed dims with arbitrary strides);
 each row holds ``num_groups`` groups of ``group_size`` contiguous elements, normalized apart.
+RSTD (fp32, one per row and group) is stored only for a backward (STORE_RSTD).
 Program ``pid`` owns group ``pid % num_groups`` of rows ``[pid // num_groups * BLOCK_ROWS, +BLOCK_ROWS)``.
 """
 
@@ -39,7 +40,7 @@ def forward_tile_kernel(
     LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
-    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, STORE_RSTD: tl.constexpr,
 ):
     """A [BLOCK_ROWS, BLOCK_N] tile holds whole groups: one load, one reduction, one store.
 
@@ -82,7 +83,8 @@ def forward_tile_kernel(
     y = forward_output(h * rstd[:, None], act, gamma, X.dtype.element_ty, W.dtype.element_ty,
                        HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
     tl.store(Y + y_rows[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(RSTD + rows_idx.to(tl.int64) * num_groups + group, rstd, mask=row_mask)
+    if STORE_RSTD:
+        tl.store(RSTD + rows_idx.to(tl.int64) * num_groups + group, rstd, mask=row_mask)
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
@@ -96,7 +98,7 @@ def forward_long_row_kernel(
     LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
-    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, STORE_RSTD: tl.constexpr,
 ):
     """One group longer than a register tile, in two passes of BLOCK_N chunks.
 
@@ -143,4 +145,5 @@ def forward_long_row_kernel(
         y = forward_output(h * rstd, act, gamma, X.dtype.element_ty, W.dtype.element_ty,
                            HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
         tl.store(Y + y_row + start + cols, y.to(Y.dtype.element_ty), mask=col_mask)
-    tl.store(RSTD + row.to(tl.int64) * num_groups + group, rstd)
+    if STORE_RSTD:
+        tl.store(RSTD + row.to(tl.int64) * num_groups + group, rstd)

@@ -20,6 +20,7 @@ from gatednorm.kernels.backward import (
     dweight_reduce_kernel,
 )
 from gatednorm.kernels.config import backward_chunking, backward_config, forward_config
+from gatednorm.kernels.fast_launch import CachedLaunch
 from gatednorm.kernels.forward import forward_long_row_kernel, forward_tile_kernel
 from gatednorm.kernels.layout import RowLayout, row_layout
 
@@ -42,6 +43,7 @@ class _Plan:
     layout_args: tuple
     meta: dict
     layout_copies: bool
+    cached_launch: CachedLaunch | None = None
 
 
 # Plans of eager calls, keyed by shapes, strides, dtypes and options: a decode step repeats the
@@ -92,37 +94,48 @@ def _row_layout_of(inputs: list[torch.Tensor], outputs: list[torch.Tensor], grou
 
 def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *, eps: float,
             zero_centered_gamma: bool, activation: str, norm_before_gate: bool,
-            group_size: int, rounding: str, traceable: bool):
-    """Returns (y, rstd): y like x (contiguous), rstd fp32 of shape [..., D // group_size]."""
+            group_size: int, rounding: str, traceable: bool, store_rstd: bool = True):
+    """Returns (y, rstd): y like x (contiguous), rstd fp32 of shape [..., D // group_size]
+    (None when ``store_rstd`` is False: inference needs no backward)."""
     d = x.shape[-1]
     num_groups = d // group_size
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    rstd = torch.empty((*x.shape[:-1], num_groups), dtype=torch.float32, device=x.device)
+    rstd = (torch.empty((*x.shape[:-1], num_groups), dtype=torch.float32, device=x.device)
+            if store_rstd else None)
     if x.numel() == 0:
         return y, rstd
 
     def build() -> _Plan:
         layout, copies = _row_layout_of([x, gate], [y], group_size)
         config = forward_config(group_size, x.element_size())
+        kernel = forward_long_row_kernel if config.long_row else forward_tile_kernel
+        meta = _meta(layout, config, weight, zero_centered_gamma, activation, norm_before_gate,
+                     rounding)
+        meta["STORE_RSTD"] = store_rstd
         return _Plan(
-            kernel=forward_long_row_kernel if config.long_row else forward_tile_kernel,
+            kernel=kernel,
             grid=(triton.cdiv(layout.rows, config.block_rows) * num_groups,),
-            layout_args=_layout_args(layout),
-            meta=_meta(layout, config, weight, zero_centered_gamma, activation,
-                       norm_before_gate, rounding),
+            layout_args=_layout_args(layout) + (group_size, num_groups),
+            meta=meta,
             layout_copies=copies,
+            cached_launch=None if traceable else CachedLaunch(kernel, meta),
         )
 
     key = None if traceable else (
         "fwd", x.shape, x.stride(), gate.stride(), x.dtype, gate.dtype,
         None if weight is None else weight.dtype, group_size, zero_centered_gamma, activation,
-        norm_before_gate, rounding)
+        norm_before_gate, rounding, store_rstd)
     plan = _cached_plan(key, build)
     if plan.layout_copies:
         x, gate = x.contiguous(), gate.contiguous()
-    _launcher(plan.kernel, traceable)[plan.grid](
-        x, gate, x if weight is None else weight, y, rstd,
-        *plan.layout_args, group_size, num_groups, eps, **plan.meta)
+    weight_arg = x if weight is None else weight
+    rstd_arg = y if rstd is None else rstd
+    if traceable:
+        wrap_triton(plan.kernel)[plan.grid](
+            x, gate, weight_arg, y, rstd_arg, *plan.layout_args, eps, **plan.meta)
+    else:
+        plan.cached_launch(plan.grid, (x, gate, weight_arg, y, rstd_arg, *plan.layout_args, eps),
+                           (x, gate, weight_arg, y, rstd_arg))
     return y, rstd
 
 
