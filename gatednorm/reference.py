@@ -83,12 +83,13 @@ def fp32(x, gate, weight=None, *, eps=1e-6, zero_centered_gamma=False, activatio
 
 
 def _hf_scale(normed: torch.Tensor, weight, zero_centered_gamma: bool) -> torch.Tensor:
-    # transformers multiplies the rounded normalized value by the weight in the weight's own
-    # dtype: a bf16 weight gives a bf16 product, an fp32 weight an fp32 one.
+    # transformers multiplies the rounded normalized value by the weight with PyTorch's type
+    # promotion: a bf16 weight on bf16 activations gives a bf16 product, an fp32 one fp32.
     if weight is None:
         return normed
     if zero_centered_gamma:
-        return ((weight.float() + 1.0) * normed.float()).to(weight.dtype)
+        product_dtype = torch.promote_types(weight.dtype, normed.dtype)
+        return ((weight.float() + 1.0) * normed.float()).to(product_dtype)
     return weight * normed
 
 

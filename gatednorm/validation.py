@@ -10,6 +10,9 @@ import torch
 from gatednorm.reference import ACTIVATIONS, ROUNDINGS
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+# gate and weight may differ from x: an fp32 gate or master weight beside bf16 activations, or
+# a bf16 gate beside the fp32 output of a Mamba scan. Everything is read into fp32.
+_PARAMETER_DTYPES = {torch.bfloat16, torch.float16, torch.float32}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -57,7 +60,7 @@ def check_tensors(x, gate, weight, zero_centered_gamma: bool) -> None:
     if gate.shape != x.shape:
         raise ValueError(
             f"gate must have x's shape {tuple(x.shape)}, got {tuple(gate.shape)}")
-    allowed_gate = {x.dtype, torch.float32} if x.dtype != torch.float64 else {torch.float64}
+    allowed_gate = _PARAMETER_DTYPES if x.dtype != torch.float64 else {torch.float64}
     if gate.dtype not in allowed_gate:
         names = " or ".join(sorted(_dtype_name(d) for d in allowed_gate))
         raise TypeError(f"gate must be {names} (x is {_dtype_name(x.dtype)}), "
@@ -74,7 +77,7 @@ def check_tensors(x, gate, weight, zero_centered_gamma: bool) -> None:
         raise ValueError(
             f"weight must have shape ({x.shape[-1]},) to match x's last dim, "
             f"got {tuple(weight.shape)}")
-    allowed_weight = {x.dtype, torch.float32} if x.dtype != torch.float64 else {torch.float64}
+    allowed_weight = _PARAMETER_DTYPES if x.dtype != torch.float64 else {torch.float64}
     if weight.dtype not in allowed_weight:
         names = " or ".join(sorted(_dtype_name(d) for d in allowed_weight))
         raise TypeError(f"weight must be {names} (x is {_dtype_name(x.dtype)}), "

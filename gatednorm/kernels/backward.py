@@ -52,7 +52,7 @@ def backward_tile_kernel(
     LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
-    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
 ):
     """Whole groups in [BLOCK_ROWS, BLOCK_N] tiles, looping over the chunk's rows."""
     pid = tl.program_id(0)
@@ -91,7 +91,7 @@ def backward_tile_kernel(
         act, slope = activation_and_slope(g, ACTIVATION)
         h_hat = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING) * rstd[:, None]
         grad_hhat, dweight_term, dgate = backward_pointwise(
-            act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE, W.dtype.element_ty, HAS_WEIGHT,
+            act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE, WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT,
             NORM_BEFORE_GATE, ROUNDING)
         mean_term = tl.sum(grad_hhat * h_hat, axis=1) / group_size  # [BLOCK_ROWS]
         grad_h = rstd[:, None] * (grad_hhat - h_hat * mean_term[:, None])
@@ -125,7 +125,7 @@ def backward_long_row_kernel(
     LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
-    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
 ):
     """Groups longer than a register tile: per row, pass 1 reduces mean(grad_hhat * h_hat)
     over BLOCK_N chunks, pass 2 recomputes each chunk and writes dx and dgate. The dweight
@@ -137,7 +137,6 @@ def backward_long_row_kernel(
     group_offset = group.to(tl.int64) * group_size
     X_DTYPE: tl.constexpr = X.dtype.element_ty
     G_DTYPE: tl.constexpr = GATE.dtype.element_ty
-    W_DTYPE: tl.constexpr = W.dtype.element_ty
     partial_row = DW_PARTIAL + chunk.to(tl.int64) * weight_size + group_offset
 
     chunk_start = chunk.to(tl.int64) * rows_per_chunk
@@ -171,7 +170,8 @@ def backward_long_row_kernel(
                 act, slope = activation_and_slope(g, ACTIVATION)
                 h_hat = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING) * rstd
                 grad_hhat, _, _ = backward_pointwise(act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE,
-                                                     W_DTYPE, HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
+                                                     WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT, NORM_BEFORE_GATE,
+                                                     ROUNDING)
                 dot += grad_hhat * h_hat
             mean_term = tl.sum(dot, axis=0) / group_size
 
@@ -189,7 +189,7 @@ def backward_long_row_kernel(
                 act, slope = activation_and_slope(g, ACTIVATION)
                 h_hat = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING) * rstd
                 grad_hhat, dweight_term, dgate = backward_pointwise(
-                    act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE, W_DTYPE, HAS_WEIGHT,
+                    act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE, WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT,
                     NORM_BEFORE_GATE, ROUNDING)
                 grad_h = rstd * (grad_hhat - h_hat * mean_term)
                 dx, dgate = backward_inputs(x, grad_h, act, slope, dgate, X_DTYPE, G_DTYPE,

@@ -40,7 +40,8 @@ def forward_tile_kernel(
     LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
-    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, STORE_RSTD: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
+    STORE_RSTD: tl.constexpr,
 ):
     """A [BLOCK_ROWS, BLOCK_N] tile holds whole groups: one load, one reduction, one store.
 
@@ -80,7 +81,7 @@ def forward_tile_kernel(
     h = gated_input(x, act, X.dtype.element_ty, NORM_BEFORE_GATE, ROUNDING)
     mean_square = tl.sum(h * h, axis=1) / group_size  # [BLOCK_ROWS]
     rstd = 1.0 / tl.sqrt(mean_square + eps)
-    y = forward_output(h * rstd[:, None], act, gamma, X.dtype.element_ty, W.dtype.element_ty,
+    y = forward_output(h * rstd[:, None], act, gamma, X.dtype.element_ty, WEIGHT_PRODUCT_ROUNDED,
                        HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
     tl.store(Y + y_rows[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     if STORE_RSTD:
@@ -98,7 +99,8 @@ def forward_long_row_kernel(
     LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
-    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, STORE_RSTD: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
+    STORE_RSTD: tl.constexpr,
 ):
     """One group longer than a register tile, in two passes of BLOCK_N chunks.
 
@@ -142,7 +144,7 @@ def forward_long_row_kernel(
                 gamma = gamma + 1.0
         act, _ = activation_and_slope(g, ACTIVATION)
         h = gated_input(x, act, X.dtype.element_ty, NORM_BEFORE_GATE, ROUNDING)
-        y = forward_output(h * rstd, act, gamma, X.dtype.element_ty, W.dtype.element_ty,
+        y = forward_output(h * rstd, act, gamma, X.dtype.element_ty, WEIGHT_PRODUCT_ROUNDED,
                            HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
         tl.store(Y + y_row + start + cols, y.to(Y.dtype.element_ty), mask=col_mask)
     if STORE_RSTD:

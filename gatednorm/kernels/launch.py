@@ -64,14 +64,18 @@ def _cached_plan(key, build):
     return plan
 
 
-def _meta(layout: RowLayout, config, weight, zero_centered_gamma: bool, activation: str,
-          norm_before_gate: bool, rounding: str) -> dict:
+def _meta(layout: RowLayout, config, x_dtype: torch.dtype, weight, zero_centered_gamma: bool,
+          activation: str, norm_before_gate: bool, rounding: str) -> dict:
     return dict(
         LEADING_DIMS=layout.leading_dims, ROW_ALIGN=layout.row_align,
         BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
         HAS_WEIGHT=weight is not None, ZERO_CENTERED=zero_centered_gamma,
         ACTIVATION=ACTIVATION_FLAG[activation], NORM_BEFORE_GATE=norm_before_gate,
-        ROUNDING=ROUNDING_FLAG[rounding], num_warps=config.num_warps,
+        ROUNDING=ROUNDING_FLAG[rounding],
+        # "hf" multiplies the weight in its own dtype: rounded when it shares x's 16-bit dtype.
+        WEIGHT_PRODUCT_ROUNDED=(weight is not None and weight.dtype == x_dtype
+                                and x_dtype != torch.float32),
+        num_warps=config.num_warps,
     )
 
 
@@ -109,8 +113,8 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
         layout, copies = _row_layout_of([x, gate], [y], group_size)
         config = forward_config(group_size, x.element_size())
         kernel = forward_long_row_kernel if config.long_row else forward_tile_kernel
-        meta = _meta(layout, config, weight, zero_centered_gamma, activation, norm_before_gate,
-                     rounding)
+        meta = _meta(layout, config, x.dtype, weight, zero_centered_gamma, activation,
+                     norm_before_gate, rounding)
         meta["STORE_RSTD"] = store_rstd
         return _Plan(
             kernel=kernel,
@@ -169,7 +173,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
             kernel=backward_long_row_kernel if config.long_row else backward_tile_kernel,
             grid=(num_chunks * num_groups,),
             layout_args=_layout_args(layout) + (group_size, num_groups, rows_per_chunk, d),
-            meta=_meta(layout, config, weight, zero_centered_gamma, activation,
+            meta=_meta(layout, config, x.dtype, weight, zero_centered_gamma, activation,
                        norm_before_gate, rounding),
             layout_copies=copies,
         )

@@ -4,6 +4,9 @@ Every function works on fp32 tiles of any shape. Rounding to a narrower dtype is
 round trip (``t.to(dtype).to(fp32)``) at exactly the places where the unfused composite in
 ``gatednorm.reference`` materializes a tensor in that dtype.
 
+WEIGHT_PRODUCT_ROUNDED ("hf" only): the weight times the rounded normalized value is itself a
+16-bit tensor in the composite, which happens when the weight has x's (16-bit) dtype.
+
 Constexpr flag values (launch.py maps the public strings): ACTIVATION 0 = silu, 1 = sigmoid;
 ROUNDING 0 = "te", 1 = "fp32", 2 = "hf". They stay plain integers: module-level constexpr
 aliases used inside kernels break Inductor's tracing of user kernels.
@@ -62,7 +65,7 @@ def gated_input(x, act, X_DTYPE: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr,
 
 
 @triton.jit
-def forward_output(h_hat, act, gamma, X_DTYPE: tl.constexpr, W_DTYPE: tl.constexpr,
+def forward_output(h_hat, act, gamma, X_DTYPE: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
                    HAS_WEIGHT: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr,
                    ROUNDING: tl.constexpr):
     """y in fp32 (before the final rounding) from the normalized input h * rstd."""
@@ -80,7 +83,9 @@ def forward_output(h_hat, act, gamma, X_DTYPE: tl.constexpr, W_DTYPE: tl.constex
         else:
             y = round_to(h_hat, X_DTYPE)
             if HAS_WEIGHT:
-                y = round_to(gamma * y, W_DTYPE)
+                y = gamma * y
+                if WEIGHT_PRODUCT_ROUNDED:
+                    y = round_to(y, X_DTYPE)
             y = y * act
     else:
         if ROUNDING == 2:
@@ -97,7 +102,8 @@ def forward_output(h_hat, act, gamma, X_DTYPE: tl.constexpr, W_DTYPE: tl.constex
 
 @triton.jit
 def backward_pointwise(act, slope, dy, h_hat, gamma, X_DTYPE: tl.constexpr,
-                       G_DTYPE: tl.constexpr, W_DTYPE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                       G_DTYPE: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
+                       HAS_WEIGHT: tl.constexpr,
                        NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr):
     """The gradient reaching the normalized input, and the per-element dweight term.
 
@@ -130,8 +136,11 @@ def backward_pointwise(act, slope, dy, h_hat, gamma, X_DTYPE: tl.constexpr,
         else:
             n0 = round_to(h_hat, X_DTYPE)
             if HAS_WEIGHT:
-                v = round_to(gamma * n0, W_DTYPE)
-                dv = round_to(dy * act, W_DTYPE)
+                v = gamma * n0
+                dv = dy * act
+                if WEIGHT_PRODUCT_ROUNDED:
+                    v = round_to(v, X_DTYPE)
+                    dv = round_to(dv, X_DTYPE)
                 grad_h_hat = round_to(dv * gamma, X_DTYPE)
             else:
                 v = n0
