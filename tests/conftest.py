@@ -26,6 +26,19 @@ ACTIVATIONS = reference.ACTIVATIONS
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
+def pytest_configure(config):
+    # Triton 3.6's interpreter reads one-element arrays as Python ints (loop bounds, scalar
+    # loads) through a NumPy call deprecated in NumPy 1.25; not ours to fix, and thousands of lines.
+    config.addinivalue_line(
+        "filterwarnings",
+        "ignore:Conversion of an array with ndim > 0 to a scalar is deprecated:DeprecationWarning")
+    # With eps = 0 the interpreter evaluates 1 / sqrt(0) on the masked padding lanes of a tile
+    # (NumPy warns where a GPU stays silent); those lanes are never stored.
+    for message in ("divide by zero encountered", "invalid value encountered"):
+        config.addinivalue_line(
+            "filterwarnings", f"ignore:{message}:RuntimeWarning:triton.runtime.interpreter")
+
+
 def pytest_report_header(config):
     import triton
 
@@ -125,9 +138,10 @@ class InterpreterBF16Rounding(TorchDispatchMode):
         return truncate_to_bf16(func(*fp32_args, **fp32_kwargs))
 
 
-def working_dtype_rounding(dtype: torch.dtype):
-    """The context in which an eager composite rounds the way the kernels do on this machine."""
-    if dtype == torch.bfloat16 and ops.INTERPRET:
+def working_dtype_rounding(*dtypes: torch.dtype):
+    """The context in which eager PyTorch on tensors of these dtypes rounds the way the kernels
+    do on this machine."""
+    if torch.bfloat16 in dtypes and ops.INTERPRET:
         return InterpreterBF16Rounding()
     return contextlib.nullcontext()
 
@@ -171,7 +185,8 @@ def fused(x, gate, weight, dy, **options) -> Result:
 
 def composite(x, gate, weight, dy, **options) -> Result:
     """The same-convention eager composite, in the inputs' dtypes, rounding as the kernels do."""
-    with working_dtype_rounding(x.dtype):
+    dtypes = [t.dtype for t in (x, gate, weight) if t is not None]
+    with working_dtype_rounding(*dtypes):
         return forward_backward(reference.rms_norm_gated, x, gate, weight, dy, **options)
 
 
@@ -219,9 +234,10 @@ def assert_matches_composite(kernel: Result, eager: Result, working_dtype: torch
     The kernels round at the composite's rounding points, so a 16-bit output is the same bits
     except where the fp32 values before a rounding differ in their last bits (reduction order,
     the association of a product) and land on either side of a rounding boundary: at least
-    ``min_identical`` of the elements are identical. Every element is within four units of the
-    working dtype at the top of the range: one flipped rounding of a working-dtype intermediate,
-    or for fp32 the few ulps by which two fp32 evaluations of the same formula differ.
+    ``min_identical`` of the elements are identical. Every element is within one unit of its
+    own dtype (a flipped final rounding) plus four units of the working dtype at the top of the
+    range (a flipped rounding of a working-dtype intermediate, or for fp32 the few ulps by
+    which two fp32 evaluations of the same formula differ).
     dweight is left to the fp64 comparison: its summation order is the kernel's own.
     """
     for (name, k), (_, e) in list(zip(kernel.named(), eager.named()))[:3]:
@@ -232,11 +248,11 @@ def assert_matches_composite(kernel: Result, eager: Result, working_dtype: torch
             identical = (k == e).double().mean().item()
             assert identical >= min_identical, (
                 f"{name}: only {identical:.2%} of the elements equal the composite's")
-        scale = e.double().abs().max().item()
-        difference = max_error(k, e.double())
-        allowed = 4 * torch.finfo(working_dtype).eps * scale
-        assert difference <= allowed, (
-            f"{name}: differs from the composite by {difference:.3e}, allowed {allowed:.3e}")
+        expected = e.double()
+        allowed = (4 * torch.finfo(working_dtype).eps * expected.abs().max()
+                   + torch.finfo(k.dtype).eps * expected.abs())
+        excess = ((k.double() - expected).abs() - allowed).max().item()
+        assert excess <= 0, f"{name}: differs from the composite by {excess:.3e} beyond the allowance"
 
 
 def make_inputs(shape, dtype, *, gate_dtype=None, weight_dtype=None, has_weight=True,

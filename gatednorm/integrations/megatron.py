@@ -9,9 +9,9 @@ runs, for ``x`` (the delta-rule output) and ``gate`` (a slice of the input proje
 
 with the config's ``layernorm_epsilon`` and ``layernorm_zero_centered_gamma``. That is the
 ``"te"`` rounding convention of :mod:`gatednorm.reference`: the normalized, scaled value is
-rounded to x's dtype before the gate multiplies it, so :func:`gdn_gated_norm` gives the same
-bits (same op order and roundings; on CUDA up to the kernel's 1-ulp contract) in one kernel
-that reads the strided gate in place.
+rounded to x's dtype before the gate multiplies it, so :func:`gdn_gated_norm` reproduces it
+(the same bits on the CPU reference path, within the kernels' 1-ulp contract on CUDA) in one
+kernel that reads the strided gate in place.
 
 Nothing here imports Megatron: :meth:`MegatronGatedRMSNorm.from_config` reads a
 ``TransformerConfig`` by attribute.
@@ -95,8 +95,9 @@ class MegatronGatedRMSNorm(RMSNormGated):
         the current CUDA device when CUDA is available, as Megatron places its parameters."""
         if device is None and torch.cuda.is_available():
             device = torch.cuda.current_device()
+        zero_centered_gamma = bool(getattr(config, "layernorm_zero_centered_gamma", False))
         return cls(hidden_size, config.layernorm_epsilon if eps is None else eps,
-                   zero_centered_gamma=bool(getattr(config, "layernorm_zero_centered_gamma", False)),
+                   zero_centered_gamma=zero_centered_gamma,
                    sequence_parallel=bool(getattr(config, "sequence_parallel", False)),
                    activation=_activation_name(getattr(config, "activation_func", F.silu)),
                    device=device, dtype=getattr(config, "params_dtype", None))

@@ -119,7 +119,8 @@ class TransformersRMSNormGated(RMSNormGated):
             return t.squeeze(1)
         return t
 
-    def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor,
+                gate: torch.Tensor | None = None) -> torch.Tensor:
         x = hidden_states
         if gate is None:
             if not self.spec.gate_optional:
@@ -210,8 +211,8 @@ def patch(model: nn.Module) -> list[str]:
     if unsupported:
         warnings.warn(
             f"gatednorm patch left these gated norms in place (not patchable; see "
-            f"gatednorm.integrations.convert.supported_classes()): {', '.join(sorted(unsupported))}",
-            stacklevel=2)
+            f"gatednorm.integrations.convert.supported_classes()): "
+            f"{', '.join(sorted(unsupported))}", stacklevel=2)
     if hooked:
         warnings.warn(f"gatednorm patch dropped the hooks of the modules it replaced "
                       f"(they stay on the originals): {', '.join(hooked)}", stacklevel=2)

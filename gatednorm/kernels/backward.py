@@ -208,8 +208,8 @@ def dweight_reduce_kernel(PARTIAL, OUT, num_chunks, weight_size,
     """One level of a fixed reduction tree over the chunk partials.
 
     Program (c, k) writes OUT[k, c*BLOCK_COLS : +BLOCK_COLS] = sum of PARTIAL rows
-    [k*BLOCK_CHUNKS, +BLOCK_CHUNKS). The launcher repeats levels until one row is left, so the
-    order of the additions depends only on the number of chunks.
+    [k*BLOCK_CHUNKS, +BLOCK_CHUNKS). The launcher runs two levels, so the order of the
+    additions depends only on the number of chunks.
     """
     cols = tl.program_id(0) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
     chunk_idx = tl.program_id(1) * BLOCK_CHUNKS + tl.arange(0, BLOCK_CHUNKS)

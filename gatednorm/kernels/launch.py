@@ -19,7 +19,12 @@ from gatednorm.kernels.backward import (
     backward_tile_kernel,
     dweight_reduce_kernel,
 )
-from gatednorm.kernels.config import backward_chunking, backward_config, forward_config
+from gatednorm.kernels.config import (
+    BACKWARD_TARGET_PROGRAMS,
+    backward_chunking,
+    backward_config,
+    forward_config,
+)
 from gatednorm.kernels.fast_launch import CachedLaunch
 from gatednorm.kernels.forward import forward_long_row_kernel, forward_tile_kernel
 from gatednorm.kernels.layout import RowLayout, row_layout
@@ -28,6 +33,8 @@ ACTIVATION_FLAG = {"silu": 0, "sigmoid": 1}
 ROUNDING_FLAG = {"te": 0, "fp32": 1, "hf": 2}
 DWEIGHT_BLOCK_CHUNKS = 128
 DWEIGHT_BLOCK_COLS = 32
+# Two reduction levels cover every chunk count the backward can produce.
+assert BACKWARD_TARGET_PROGRAMS <= DWEIGHT_BLOCK_CHUNKS ** 2
 
 
 def _launcher(kernel, traceable: bool):
@@ -201,18 +208,15 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
 
 def _reduce_partials(partial: torch.Tensor, dweight: torch.Tensor, num_chunks: int, d: int,
                      traceable: bool) -> None:
-    """Sum the [num_chunks, d] fp32 partials into dweight with a fixed tree of launches: each
-    level adds blocks of DWEIGHT_BLOCK_CHUNKS rows in parallel, the last writes dweight."""
-    rows = num_chunks
-    while True:
-        out_rows = triton.cdiv(rows, DWEIGHT_BLOCK_CHUNKS)
-        out = dweight if out_rows == 1 else torch.empty(
-            (out_rows, d), dtype=torch.float32, device=partial.device)
-        _launcher(dweight_reduce_kernel, traceable)[(triton.cdiv(d, DWEIGHT_BLOCK_COLS),
-                                                     out_rows)](
-            partial, out, rows, d,
+    """Sum the [num_chunks, d] fp32 partials into dweight in two fixed levels: blocks of
+    DWEIGHT_BLOCK_CHUNKS rows in parallel, then the block sums. Always two launches, so the
+    order of additions depends only on num_chunks and torch.compile sees no shape branch."""
+    blocks = triton.cdiv(num_chunks, DWEIGHT_BLOCK_CHUNKS)
+    block_sums = torch.empty((blocks, d), dtype=torch.float32, device=partial.device)
+    column_blocks = triton.cdiv(d, DWEIGHT_BLOCK_COLS)
+    for source, out, rows, grid in ((partial, block_sums, num_chunks, (column_blocks, blocks)),
+                                    (block_sums, dweight, blocks, (column_blocks, 1))):
+        _launcher(dweight_reduce_kernel, traceable)[grid](
+            source, out, rows, d,
             BLOCK_CHUNKS=DWEIGHT_BLOCK_CHUNKS, BLOCK_COLS=DWEIGHT_BLOCK_COLS, num_warps=4,
         )
-        if out_rows == 1:
-            return
-        partial, rows = out, out_rows

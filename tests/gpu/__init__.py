@@ -1,0 +1,1 @@
+"""GPU verification suite (skipped without CUDA); see docs/gpu-verification.md."""

@@ -1,0 +1,123 @@
+"""Every kernel variant once (forward with and without rstd, backward, the dweight reduction), on
+small odd shapes: the compute-sanitizer run.
+
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck  python tests/gpu/sanitizer_cases.py
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck python tests/gpu/sanitizer_cases.py
+
+(scripts/run_gpu_suite.sh runs it once plainly first, which fills the Triton cache: the sanitized
+runs then load the kernels instead of compiling them.) Without the caching allocator every
+tensor is its own cudaMalloc, so an out-of-bounds access cannot hide inside a cached block.
+Inputs are drawn on the CPU and copied over, and results are checked on the CPU against the
+fp64 composite with the suite's accuracy rule, so nearly every kernel the sanitizer sees is one
+of ours (the exception: the zero fill of the long-row dweight partials). Exits 1 if a result is
+wrong, 2 without CUDA.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]
+
+import torch  # noqa: E402
+
+import gatednorm  # noqa: E402
+from gatednorm import reference  # noqa: E402
+from gatednorm.kernels.config import backward_config, forward_config  # noqa: E402
+from helpers import (  # noqa: E402
+    BF16,
+    BF16_GATE_FP32,
+    FP16,
+    FP32_GATE_BF16,
+    Case,
+    Inputs,
+    Options,
+    forward_backward,
+    make_inputs,
+    measure,
+    same_bits,
+)
+
+CASES = (
+    Case("tile d128 rows199", (199, 128), Options("te")),
+    # 3000 rows: 188 row chunks, so the dweight reduction runs in two levels.
+    Case("tile d128 rows3000, two-level dweight reduction", (3000, 128), Options("te")),
+    Case("narrow tile d3 rows1", (1, 3), Options("hf", activation="sigmoid", weight="fp32")),
+    Case("tile d80 rows199 gate-first sliced gate", (199, 80),
+         Options("te", norm_before_gate=False), layout="projection"),
+    Case("tile 3 groups sliced [T,S,D] gate", (7, 33, 384),
+         Options("fp32", zero_centered=True), BF16, 128, "projection"),
+    Case("tile permuted [B,S,H,D]", (2, 5, 3, 64), Options("te"), layout="permuted"),
+    Case("tile fp16 gate-first", (199, 128), Options("hf", norm_before_gate=False), FP16),
+    Case("tile fp32 d96 bf16 gate", (199, 96), Options("fp32", activation="sigmoid"),
+         FP32_GATE_BF16),
+    Case("one-row tiles d5000", (5, 5000), Options("te")),
+    Case("wide tile d9000 gate-first fp32 gate", (3, 9000),
+         Options("fp32", norm_before_gate=False, weight="none"), BF16_GATE_FP32),
+    # 40 rows: three row chunks, each program looping over its rows.
+    Case("long rows d20000 rows40", (40, 20000), Options("te")),
+    Case("long rows 2 groups of 20000 gate-first", (2, 40000),
+         Options("hf", norm_before_gate=False, weight="fp32", zero_centered=True), BF16, 20000),
+)
+
+
+def kernel_paths(case: Case) -> str:
+    group = case.group_size or case.shape[-1]
+    itemsize = torch.tensor([], dtype=case.dtypes.x).element_size()
+    fwd, bwd = forward_config(group, itemsize), backward_config(group, itemsize)
+
+    def name(config):
+        return "long-row" if config.long_row else f"tile {config.block_rows}x{config.block_n}"
+
+    return f"forward {name(fwd)}, backward {name(bwd)}"
+
+
+def run(case: Case) -> list[str]:
+    inputs = make_inputs(case.shape, case.dtypes, case.options, layout=case.layout,
+                         host_random=True)
+    kwargs = case.options.kwargs(case.group_size)
+    kernel = {name: t.cpu() for name, t in
+              forward_backward(gatednorm.rms_norm_gated, inputs, kwargs).items()}
+    with torch.no_grad():  # the forward-only variant, which stores no rstd
+        inference = gatednorm.rms_norm_gated(inputs.x, inputs.gate, inputs.weight, **kwargs)
+    host = Inputs(inputs.x.cpu(), inputs.gate.cpu(),
+                  None if inputs.weight is None else inputs.weight.cpu(), inputs.dy.cpu())
+    composite = forward_backward(reference.rms_norm_gated, host, kwargs)
+    exact = forward_backward(reference.rms_norm_gated, host.double(),
+                             dict(kwargs, rounding="fp32"))
+    failures = [] if same_bits(inference.cpu(), kernel["y"]) else ["inference y != training y"]
+    for name, tensor in kernel.items():
+        if not torch.isfinite(tensor).all():
+            failures.append(f"{name} is not finite")
+            continue
+        result = measure(name, tensor, composite[name], exact[name], case.dtypes.x, host.rows)
+        if not result.ok:
+            failures.append(result.describe())
+    return failures
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("sanitizer_cases.py needs a CUDA device")
+        return 2
+    torch.manual_seed(0)
+    wrong = 0
+    for case in CASES:
+        start = time.perf_counter()
+        failures = run(case)
+        torch.cuda.synchronize()
+        status = "FAIL" if failures else "ok"
+        print(f"{status:4} {case.name:45} {kernel_paths(case):40} "
+              f"{time.perf_counter() - start:6.1f}s", flush=True)
+        for failure in failures:
+            print(f"     {failure}")
+        wrong += bool(failures)
+    print(f"{len(CASES) - wrong}/{len(CASES)} cases right")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

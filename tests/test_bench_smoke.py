@@ -1,0 +1,121 @@
+"""`python -m gatednorm.bench --smoke` runs every provider, case family and pass on CPU and
+writes its results in the documented schema.
+
+The run is a subprocess with TRITON_INTERPRET=0: gatednorm takes its eager reference path on
+CPU, which keeps the test at about 20 s; what is tested here is the benchmark (cases, inputs,
+oracle and checks, timing loops, records, report), not the kernels (the kernel suites cover
+those).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gatednorm.bench import cases, providers
+
+TOP_LEVEL = {"gpu": str, "torch": str, "triton": str, "date": str, "command": str,
+             "copy_gbps": float, "records": list, "providers": list, "cases": list,
+             "first_calls": list}
+RECORD_KEYS = {"provider", "case", "rows", "d", "dtype", "gate_layout", "pass", "median_ms",
+               "gbps", "frac_copy", "status", "error", "group_size", "norm_before_gate",
+               "activation"}
+STATUSES = {"ok", "wrong", "error", "n/a", "missing", "skipped"}
+# Peers that need a GPU (FLA's autotuner needs a driver): on CPU they may be missing or fail.
+GPU_ONLY = {"fla", "fla-mamba"}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "smoke.json"
+    env = dict(os.environ, TRITON_INTERPRET="0", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gatednorm.bench", "--smoke", "--no-plot", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text()), proc
+
+
+def test_top_level_fields(smoke):
+    result, _ = smoke
+    for key, kind in TOP_LEVEL.items():
+        assert isinstance(result[key], kind), key
+    assert result["copy_gbps"] > 0
+    assert result["command"].startswith("python -m gatednorm.bench --smoke")
+    assert {p["name"] for p in result["providers"]} == {p.name for p in providers.PROVIDERS}
+
+
+def test_records_have_the_schema(smoke):
+    result, _ = smoke
+    for record in result["records"]:
+        assert RECORD_KEYS <= record.keys(), record
+        assert record["status"] in STATUSES, record
+        assert record["pass"] in cases.PASSES, record
+        if record["status"] in ("ok", "wrong"):
+            assert record["median_ms"] > 0 and record["gbps"] > 0 and record["frac_copy"] > 0
+            assert record["max_abs_err"] >= 0
+        else:
+            assert record["median_ms"] is None and record["error"], record
+
+
+def test_every_provider_appears_on_every_case(smoke):
+    """No provider is silently dropped: each case has one record per pass (training) or per
+    mode (decode) for every provider, whatever its status."""
+    result, _ = smoke
+    names = {p.name for p in providers.PROVIDERS}
+    for case in cases.smoke_cases():
+        mine = [r for r in result["records"] if r["case"] == case.name]
+        assert {r["provider"] for r in mine} == names, case.name
+        for name in names:
+            theirs = [r for r in mine if r["provider"] == name]
+            if case.is_decode:
+                assert sorted(r["mode"] for r in theirs) == ["eager", "graph"]
+                assert all(r["pass"] == "fwd" for r in theirs)
+            else:
+                assert sorted(r["pass"] for r in theirs) == sorted(cases.PASSES)
+
+
+def test_subject_and_cpu_peers_run_and_pass_the_check(smoke):
+    result, _ = smoke
+    for record in result["records"]:
+        if record["provider"] in GPU_ONLY or record.get("mode") == "graph":
+            continue
+        if record["status"] == "skipped":
+            assert record["provider"] not in cases.NO_COMPILE_PEERS
+            continue
+        assert record["status"] == "ok", record
+        assert record["correct"] is True
+        if record.get("mode") is None:
+            assert record["grad_rel_err"] >= 0
+            if record["pass"] == "bwd":
+                assert record["bwd_method"] == "retained-graph"
+
+
+def test_decode_and_first_call_records(smoke):
+    result, _ = smoke
+    decode = [r for r in result["records"] if r["provider"] == providers.SUBJECT
+              and r.get("mode") == "eager"]
+    assert decode and all(r["us_per_call"] > 0 for r in decode)
+    graph = [r for r in result["records"] if r.get("mode") == "graph"]
+    assert all(r["status"] in ("n/a", "missing") for r in graph)  # no CUDA graphs on CPU
+    configs = [entry["config"] for entry in result["first_calls"]]
+    assert len(configs) == len(set(configs)) > 0
+
+
+def test_gpu_only_peers_are_reported_not_dropped(smoke):
+    result, _ = smoke
+    fla = [r for r in result["records"] if r["provider"] in GPU_ONLY]
+    assert fla and all(r["status"] in STATUSES for r in fla)
+    if providers.fla_version() is None:
+        assert {r["status"] for r in fla} <= {"missing", "n/a", "skipped"}
+        assert any(r["status"] == "missing" for r in fla)
+
+
+def test_progress_and_table(smoke):
+    _, proc = smoke
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("[")]
+    assert len(progress) == len(cases.smoke_cases())
+    assert "records by status" in proc.stdout
+    assert "Decode forward" in proc.stdout
