@@ -192,8 +192,8 @@ def test_sum_backward_gives_stride_zero_dy():
         assert torch.equal(leaf.grad, want)
 
 
-# 2100 rows of 64: the backward sums them in more chunks than one reduction program adds up, so
-# the fp32 partials go through a two-level tree (checked in the test).
+# 2100 rows of 64: the backward sums them in more chunks than one first-level reduction program
+# adds up, so both levels of the fp32 partials' reduction do work (checked in the test).
 MANY_ROWS = (2100, 64)
 
 

@@ -401,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if timing.is_cuda(device):
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     elif args.smoke:
         # Tiny tensors: OpenMP threads only add spin-waiting, badly so on a loaded machine.
