@@ -6,6 +6,8 @@ Every path into the kernels must give the same bits: the eager autograd.Function
 launch, the registered op called directly, and the op inside a compiled graph.
 """
 
+import shutil
+
 import pytest
 import torch
 
@@ -111,6 +113,11 @@ def _run(fn, x, gate, weight):
     return y.detach(), [t.grad for t in leaves]
 
 
+# Inductor compiles the graph around the op (the loss) to C++ on CPU.
+needs_cpp_compiler = pytest.mark.skipif(
+    not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+    reason="torch.compile's Inductor CPU backend needs a C++ compiler; none is on PATH")
+
 COMPILE_OPTIONS = [
     pytest.param(dict(rounding="te"), id="te"),
     pytest.param(dict(rounding="hf", norm_before_gate=False, group_size=16,
@@ -118,6 +125,7 @@ COMPILE_OPTIONS = [
 ]
 
 
+@needs_cpp_compiler
 @pytest.mark.parametrize("options", COMPILE_OPTIONS)
 def test_compile_fullgraph_forward_backward_matches_eager(options):
     torch._dynamo.reset()
@@ -132,6 +140,7 @@ def test_compile_fullgraph_forward_backward_matches_eager(options):
         assert torch.equal(a, b), f"{name}: compiled and eager differ"
 
 
+@needs_cpp_compiler
 def test_compile_dynamic_shapes_one_graph_for_two_row_counts():
     from torch._dynamo.testing import CompileCounterWithBackend
 

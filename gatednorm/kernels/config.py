@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import triton
 
 # Measured best (block_rows, num_warps) per power-of-two tile width, bf16, on an H200
@@ -67,6 +68,7 @@ def backward_config(group_size: int, element_bytes: int) -> LaunchConfig:
 def backward_chunking(rows: int, num_groups: int, block_rows: int) -> tuple[int, int]:
     """(rows_per_chunk, num_chunks): a multiple of block_rows, fixed by the shape alone."""
     chunks_wanted = max(1, BACKWARD_TARGET_PROGRAMS // num_groups)
-    rows_per_chunk = max(triton.cdiv(rows, chunks_wanted), MIN_ROWS_PER_CHUNK)
+    # sym_max keeps a symbolic row count symbolic under torch.compile (max() would guard).
+    rows_per_chunk = torch.sym_max(triton.cdiv(rows, chunks_wanted), MIN_ROWS_PER_CHUNK)
     rows_per_chunk = triton.cdiv(rows_per_chunk, block_rows) * block_rows
     return rows_per_chunk, triton.cdiv(rows, rows_per_chunk)

@@ -196,7 +196,8 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
     long_row = plan.kernel is backward_long_row_kernel
     # The looped kernel adds into its partial row; the tile kernel writes its row whole.
     allocate = torch.zeros if long_row else torch.empty
-    partial = allocate((num_chunks, d) if weight is not None else (0,),
+    # Flat buffers: a [num_chunks, d] shape would make torch.compile guard on num_chunks == 1.
+    partial = allocate((num_chunks * d,) if weight is not None else (0,),
                        dtype=torch.float32, device=x.device)
     _launcher(plan.kernel, traceable)[plan.grid](
         x, gate, x if weight is None else weight, dy, rstd, dx, dgate, partial,
@@ -212,7 +213,7 @@ def _reduce_partials(partial: torch.Tensor, dweight: torch.Tensor, num_chunks: i
     DWEIGHT_BLOCK_CHUNKS rows in parallel, then the block sums. Always two launches, so the
     order of additions depends only on num_chunks and torch.compile sees no shape branch."""
     blocks = triton.cdiv(num_chunks, DWEIGHT_BLOCK_CHUNKS)
-    block_sums = torch.empty((blocks, d), dtype=torch.float32, device=partial.device)
+    block_sums = torch.empty((blocks * d,), dtype=torch.float32, device=partial.device)
     column_blocks = triton.cdiv(d, DWEIGHT_BLOCK_COLS)
     for source, out, rows, grid in ((partial, block_sums, num_chunks, (column_blocks, blocks)),
                                     (block_sums, dweight, blocks, (column_blocks, 1))):
