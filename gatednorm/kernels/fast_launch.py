@@ -52,5 +52,5 @@ class CachedLaunch:
                 self.compiled[key] = compiled
             return
         stream = driver.active.get_current_stream(pointers[0].device.index)
-        compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None,
-                     None, None, *args, *self.constexpr_values)
+        compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, compiled.function,
+                     compiled.packed_metadata, None, None, None, *args, *self.constexpr_values)

@@ -37,10 +37,6 @@ DWEIGHT_BLOCK_COLS = 32
 assert BACKWARD_TARGET_PROGRAMS <= DWEIGHT_BLOCK_CHUNKS ** 2
 
 
-def _launcher(kernel, traceable: bool):
-    return wrap_triton(kernel) if traceable else kernel
-
-
 @dataclass(frozen=True)
 class _Plan:
     """Everything about a launch that depends only on shapes, strides, dtypes and options."""
@@ -50,7 +46,10 @@ class _Plan:
     layout_args: tuple
     meta: dict
     layout_copies: bool
+    # Eager plans only: the main kernel and the two dweight reduction levels, relaunched
+    # without Triton's argument binding (fast_launch.py).
     cached_launch: CachedLaunch | None = None
+    reduce_launches: tuple[CachedLaunch, CachedLaunch] | None = None
 
 
 # Plans of eager calls, keyed by shapes, strides, dtypes and options: a decode step repeats the
@@ -176,17 +175,23 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
         config = backward_config(group_size, x.element_size())
         rows_per_chunk, num_chunks = backward_chunking(layout.rows, num_groups,
                                                        config.block_rows)
+        kernel = backward_long_row_kernel if config.long_row else backward_tile_kernel
+        meta = _meta(layout, config, x.dtype, weight, zero_centered_gamma, activation,
+                     norm_before_gate, rounding)
         return _Plan(
-            kernel=backward_long_row_kernel if config.long_row else backward_tile_kernel,
+            kernel=kernel,
             grid=(num_chunks * num_groups,),
             layout_args=_layout_args(layout) + (group_size, num_groups, rows_per_chunk, d),
-            meta=_meta(layout, config, x.dtype, weight, zero_centered_gamma, activation,
-                       norm_before_gate, rounding),
+            meta=meta,
             layout_copies=copies,
+            cached_launch=None if traceable else CachedLaunch(kernel, meta),
+            reduce_launches=None if traceable else (
+                CachedLaunch(dweight_reduce_kernel, _REDUCE_META),
+                CachedLaunch(dweight_reduce_kernel, _REDUCE_META)),
         )
 
     key = None if traceable else (
-        "bwd", x.shape, x.stride(), gate.stride(), dy.stride(), x.dtype, gate.dtype,
+        "bwd", x.shape, x.stride(), gate.stride(), dy.stride(), x.dtype, gate.dtype, dy.dtype,
         None if weight is None else weight.dtype, group_size, zero_centered_gamma, activation,
         norm_before_gate, rounding)
     plan = _cached_plan(key, build)
@@ -194,30 +199,41 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
         x, gate, dy = x.contiguous(), gate.contiguous(), dy.contiguous()
     num_chunks = plan.grid[0] // num_groups
     long_row = plan.kernel is backward_long_row_kernel
-    # The looped kernel adds into its partial row; the tile kernel writes its row whole.
+    blocks = triton.cdiv(num_chunks, DWEIGHT_BLOCK_CHUNKS)
+    # One flat fp32 buffer: the chunk partials, then the block sums of the first reduction
+    # level. Flat, because a [num_chunks, d] shape would make torch.compile guard on
+    # num_chunks == 1. The looped kernel adds into its partial row, so it starts at zero.
     allocate = torch.zeros if long_row else torch.empty
-    # Flat buffers: a [num_chunks, d] shape would make torch.compile guard on num_chunks == 1.
-    partial = allocate((num_chunks * d,) if weight is not None else (0,),
+    scratch = allocate(((num_chunks + blocks) * d,) if weight is not None else (0,),
                        dtype=torch.float32, device=x.device)
-    _launcher(plan.kernel, traceable)[plan.grid](
-        x, gate, x if weight is None else weight, dy, rstd, dx, dgate, partial,
-        *plan.layout_args, **plan.meta)
+    args = (x, gate, x if weight is None else weight, dy, rstd, dx, dgate, scratch,
+            *plan.layout_args)
+    if traceable:
+        wrap_triton(plan.kernel)[plan.grid](*args, **plan.meta)
+    else:
+        plan.cached_launch(plan.grid, args, args[:8])
     if weight is not None:
-        _reduce_partials(partial, dweight, num_chunks, d, traceable)
+        _reduce_partials(scratch, dweight, num_chunks, blocks, d, plan.reduce_launches)
     return dx, dgate, dweight
 
 
-def _reduce_partials(partial: torch.Tensor, dweight: torch.Tensor, num_chunks: int, d: int,
-                     traceable: bool) -> None:
-    """Sum the [num_chunks, d] fp32 partials into dweight in two fixed levels: blocks of
-    DWEIGHT_BLOCK_CHUNKS rows in parallel, then the block sums. Always two launches, so the
-    order of additions depends only on num_chunks and torch.compile sees no shape branch."""
-    blocks = triton.cdiv(num_chunks, DWEIGHT_BLOCK_CHUNKS)
-    block_sums = torch.empty((blocks * d,), dtype=torch.float32, device=partial.device)
+_REDUCE_META = dict(BLOCK_CHUNKS=DWEIGHT_BLOCK_CHUNKS, BLOCK_COLS=DWEIGHT_BLOCK_COLS,
+                    num_warps=4)
+
+
+def _reduce_partials(scratch: torch.Tensor, dweight: torch.Tensor, num_chunks: int,
+                     blocks: int, d: int, launches) -> None:
+    """Sum the num_chunks x d fp32 partials at the start of ``scratch`` into dweight in two
+    fixed levels: blocks of DWEIGHT_BLOCK_CHUNKS rows in parallel into the block sums that
+    follow them in ``scratch``, then the block sums. Always two launches, so the order of the
+    additions depends only on num_chunks and torch.compile sees no shape branch."""
+    partials = scratch[: num_chunks * d]
+    block_sums = scratch[num_chunks * d:]
     column_blocks = triton.cdiv(d, DWEIGHT_BLOCK_COLS)
-    for source, out, rows, grid in ((partial, block_sums, num_chunks, (column_blocks, blocks)),
-                                    (block_sums, dweight, blocks, (column_blocks, 1))):
-        _launcher(dweight_reduce_kernel, traceable)[grid](
-            source, out, rows, d,
-            BLOCK_CHUNKS=DWEIGHT_BLOCK_CHUNKS, BLOCK_COLS=DWEIGHT_BLOCK_COLS, num_warps=4,
-        )
+    levels = ((partials, block_sums, num_chunks, (column_blocks, blocks)),
+              (block_sums, dweight, blocks, (column_blocks, 1)))
+    for level, (source, out, rows, grid) in enumerate(levels):
+        if launches is None:
+            wrap_triton(dweight_reduce_kernel)[grid](source, out, rows, d, **_REDUCE_META)
+        else:
+            launches[level](grid, (source, out, rows, d), (source, out))

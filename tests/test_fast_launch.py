@@ -1,0 +1,97 @@
+"""The relaunch cache of compiled kernels (gatednorm.kernels.fast_launch), with stand-ins for
+Triton's JITFunction and CompiledKernel: argument order, grids, and when it must not cache."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gatednorm.kernels import fast_launch
+
+
+class FakeCompiled:
+    function = "function-handle"
+    packed_metadata = "packed"
+
+    def __init__(self):
+        self.runs = []
+
+    def run(self, *call):
+        self.runs.append(call)
+
+
+class FakeKernel:
+    """kernel[grid](*args, **meta) compiles (once per call here) and returns the compiled kernel."""
+
+    arg_names = ["X", "Y", "n", "BLOCK", "FLAG"]
+
+    def __init__(self, returns_compiled=True):
+        self.calls = []
+        self.returns_compiled = returns_compiled
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.calls.append((grid, args, meta))
+            return FakeCompiled() if self.returns_compiled else None
+        return launch
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    streams = SimpleNamespace(get_current_stream=lambda index: f"stream{index}")
+    monkeypatch.setattr(fast_launch, "driver", SimpleNamespace(active=streams))
+    monkeypatch.setattr(fast_launch, "knobs",
+                        SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=None)))
+
+
+def _tensors(offset_elements=0):
+    base = torch.empty(64)
+    return base[offset_elements:offset_elements + 8], torch.empty(8)
+
+
+def test_second_call_relaunches_the_compiled_kernel_with_every_parameter_in_order(fake_driver):
+    kernel = FakeKernel()
+    launch = fast_launch.CachedLaunch(kernel, {"FLAG": True, "BLOCK": 16, "num_warps": 4})
+    x, y = _tensors()
+    launch((3, 2), (x, y, 8), (x, y))
+    assert len(kernel.calls) == 1
+    compiled = launch.compiled[(True, True)]
+    launch((5, 2), (x, y, 9), (x, y))
+    assert len(kernel.calls) == 1, "the second call must not go through kernel[grid]"
+    (call,) = compiled.runs
+    # CPU tensors have no device index; the stand-in driver is asked for stream None.
+    assert call[:9] == (5, 2, 1, "streamNone", "function-handle", "packed", None, None, None)
+    # Runtime args, then the constexprs in the kernel's parameter order (num_warps is an option).
+    assert call[9:] == (x, y, 9, 16, True)
+
+
+def test_a_new_pointer_alignment_compiles_a_new_variant(fake_driver):
+    kernel = FakeKernel()
+    launch = fast_launch.CachedLaunch(kernel, {"BLOCK": 16, "FLAG": False})
+    x, y = _tensors()
+    launch((1,), (x, y, 8), (x, y))
+    unaligned, _ = _tensors(offset_elements=1)
+    launch((1,), (unaligned, y, 8), (unaligned, y))
+    assert len(kernel.calls) == 2
+    assert set(launch.compiled) == {(True, True), (False, True)}
+
+
+def test_interpreted_kernels_are_never_cached(fake_driver):
+    kernel = FakeKernel(returns_compiled=False)
+    launch = fast_launch.CachedLaunch(kernel, {"BLOCK": 16, "FLAG": False})
+    x, y = _tensors()
+    for _ in range(3):
+        launch((1,), (x, y, 8), (x, y))
+    assert len(kernel.calls) == 3
+    assert not launch.compiled
+
+
+def test_a_launch_hook_forces_the_normal_path(fake_driver, monkeypatch):
+    monkeypatch.setattr(fast_launch, "knobs",
+                        SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=print)))
+    kernel = FakeKernel()
+    launch = fast_launch.CachedLaunch(kernel, {"BLOCK": 16, "FLAG": False})
+    x, y = _tensors()
+    for _ in range(2):
+        launch((1,), (x, y, 8), (x, y))
+    assert len(kernel.calls) == 2
