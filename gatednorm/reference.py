@@ -11,8 +11,8 @@ so that autograd through it also reproduces that framework's backward:
             Mamba's Triton kernel, vLLM, SGLang, Kimi Linear in transformers).
 - ``hf``:   the transformers eager modules: the normalized value is rounded to x's dtype,
             multiplied by a low-precision weight in that precision (Qwen3-Next / Qwen3.5 with
-            the gate after the norm, Mamba2 / Nemotron-H / Falcon-H1 / Zamba2 with the gate
-            first).
+            the gate after the norm, Mamba2 / Nemotron-H / Zamba2 with the gate first;
+            Falcon-H1's module computes in fp32 and matches ``fp32``).
 
 Called with float64 tensors every rounding is the identity, which makes any composite the fp64
 ground truth the tests compare against.
@@ -45,10 +45,10 @@ def rms_normalize(t: torch.Tensor, eps: float, group_size: int | None) -> torch.
     return (grouped * rstd).flatten(-2)
 
 
-def _gamma_fp32(weight: torch.Tensor | None, zero_centered_gamma: bool) -> torch.Tensor | float:
+def _gamma(weight: torch.Tensor | None, zero_centered_gamma: bool) -> torch.Tensor | float:
     if weight is None:
         return 1.0
-    return weight.float() + 1.0 if zero_centered_gamma else weight.float()
+    return _upcast(weight) + 1.0 if zero_centered_gamma else _upcast(weight)
 
 
 def _upcast(t: torch.Tensor) -> torch.Tensor:
@@ -59,9 +59,7 @@ def _upcast(t: torch.Tensor) -> torch.Tensor:
 def te(x, gate, weight=None, *, eps=1e-6, zero_centered_gamma=False, activation="silu",
        norm_before_gate=True, group_size=None):
     """TransformerEngine RMSNorm (fp32 compute, rounded output) and an unfused gate."""
-    gamma = _gamma_fp32(weight, zero_centered_gamma)
-    if weight is not None and x.dtype == torch.float64:
-        gamma = gamma.double()
+    gamma = _gamma(weight, zero_centered_gamma)
     act = activation_fn(_upcast(gate), activation)
     if norm_before_gate:
         normed = (rms_normalize(_upcast(x), eps, group_size) * gamma).to(x.dtype)
@@ -73,9 +71,7 @@ def te(x, gate, weight=None, *, eps=1e-6, zero_centered_gamma=False, activation=
 def fp32(x, gate, weight=None, *, eps=1e-6, zero_centered_gamma=False, activation="silu",
          norm_before_gate=True, group_size=None):
     """Every intermediate in fp32; one rounding to x's dtype at the end."""
-    gamma = _gamma_fp32(weight, zero_centered_gamma)
-    if weight is not None and x.dtype == torch.float64:
-        gamma = gamma.double()
+    gamma = _gamma(weight, zero_centered_gamma)
     act = activation_fn(_upcast(gate), activation)
     if norm_before_gate:
         return (rms_normalize(_upcast(x), eps, group_size) * gamma * act).to(x.dtype)
@@ -89,7 +85,7 @@ def _hf_scale(normed: torch.Tensor, weight, zero_centered_gamma: bool) -> torch.
         return normed
     if zero_centered_gamma:
         product_dtype = torch.promote_types(weight.dtype, normed.dtype)
-        return ((weight.float() + 1.0) * normed.float()).to(product_dtype)
+        return ((_upcast(weight) + 1.0) * _upcast(normed)).to(product_dtype)
     return weight * normed
 
 

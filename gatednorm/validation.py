@@ -22,7 +22,9 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def check_options(*, eps, activation, rounding, zero_centered_gamma, norm_before_gate) -> None:
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a float, got {type(eps).__name__}")
-    if not math.isfinite(eps) or eps < 0:
+    # A chained comparison rather than math.isfinite: under torch.compile(dynamic=True) eps can
+    # be a symbolic float, which math functions cannot trace. NaN fails both comparisons.
+    if not 0 <= eps < math.inf:
         raise ValueError(f"eps must be a finite number >= 0, got {eps}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
