@@ -19,6 +19,7 @@ from gatednorm.kernels.pointwise import (
     backward_pointwise,
     gated_input,
     leading_offsets,
+    load_gamma,
 )
 
 RUNTIME_INTS = [
@@ -64,12 +65,7 @@ def backward_tile_kernel(
     X_DTYPE: tl.constexpr = X.dtype.element_ty
     G_DTYPE: tl.constexpr = GATE.dtype.element_ty
 
-    gamma = 1.0
-    if HAS_WEIGHT:
-        gamma = tl.load(W + group_offset + cols, mask=col_mask, other=0.0).to(tl.float32)
-        if ZERO_CENTERED:
-            gamma = gamma + 1.0
-        gamma = gamma[None, :]  # [1, BLOCK_N]
+    gamma = load_gamma(W, group_offset + cols, col_mask, HAS_WEIGHT, ZERO_CENTERED)  # [BLOCK_N]
     dweight = tl.zeros([BLOCK_N], dtype=tl.float32)
 
     chunk_start = chunk.to(tl.int64) * rows_per_chunk
@@ -110,6 +106,26 @@ def backward_tile_kernel(
     if HAS_WEIGHT:
         tl.store(DW_PARTIAL + chunk.to(tl.int64) * weight_size + group_offset + cols, dweight,
                  mask=col_mask)
+
+
+@triton.jit
+def _long_row_chunk(X, GATE, W, DY, x_row, g_row, dy_row, group_offset, start, cols, rstd,
+                    group_size, HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr,
+                    ACTIVATION: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr,
+                    ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr):
+    """Load one BLOCK_N chunk of a long row and compute its pointwise backward terms; both
+    passes of backward_long_row_kernel recompute them rather than keep a row in registers."""
+    col_mask = start + cols < group_size
+    x = tl.load(X + x_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+    g = tl.load(GATE + g_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + dy_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
+    gamma = load_gamma(W, group_offset + start + cols, col_mask, HAS_WEIGHT, ZERO_CENTERED)
+    act, slope = activation_and_slope(g, ACTIVATION)
+    h_hat = gated_input(x, act, X.dtype.element_ty, NORM_BEFORE_GATE, ROUNDING) * rstd
+    grad_hhat, dweight_term, dgate = backward_pointwise(
+        act, slope, dy, h_hat, gamma, X.dtype.element_ty, GATE.dtype.element_ty,
+        WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
+    return x, act, slope, h_hat, grad_hhat, dweight_term, dgate
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
@@ -157,40 +173,19 @@ def backward_long_row_kernel(
 
             dot = tl.zeros([BLOCK_N], dtype=tl.float32)
             for start in range(0, group_size, BLOCK_N):
-                col_mask = start + cols < group_size
-                x = tl.load(X + x_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
-                g = tl.load(GATE + g_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + dy_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
-                gamma = 1.0
-                if HAS_WEIGHT:
-                    gamma = tl.load(W + group_offset + start + cols, mask=col_mask, other=0.0)
-                    gamma = gamma.to(tl.float32)
-                    if ZERO_CENTERED:
-                        gamma = gamma + 1.0
-                act, slope = activation_and_slope(g, ACTIVATION)
-                h_hat = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING) * rstd
-                grad_hhat, _, _ = backward_pointwise(act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE,
-                                                     WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT, NORM_BEFORE_GATE,
-                                                     ROUNDING)
+                _, _, _, h_hat, grad_hhat, _, _ = _long_row_chunk(
+                    X, GATE, W, DY, x_row, g_row, dy_row, group_offset, start, cols, rstd,
+                    group_size, HAS_WEIGHT, ZERO_CENTERED, ACTIVATION, NORM_BEFORE_GATE,
+                    ROUNDING, WEIGHT_PRODUCT_ROUNDED)
                 dot += grad_hhat * h_hat
             mean_term = tl.sum(dot, axis=0) / group_size
 
             for start in range(0, group_size, BLOCK_N):
                 col_mask = start + cols < group_size
-                x = tl.load(X + x_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
-                g = tl.load(GATE + g_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + dy_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
-                gamma = 1.0
-                if HAS_WEIGHT:
-                    gamma = tl.load(W + group_offset + start + cols, mask=col_mask, other=0.0)
-                    gamma = gamma.to(tl.float32)
-                    if ZERO_CENTERED:
-                        gamma = gamma + 1.0
-                act, slope = activation_and_slope(g, ACTIVATION)
-                h_hat = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING) * rstd
-                grad_hhat, dweight_term, dgate = backward_pointwise(
-                    act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE, WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT,
-                    NORM_BEFORE_GATE, ROUNDING)
+                x, act, slope, h_hat, grad_hhat, dweight_term, dgate = _long_row_chunk(
+                    X, GATE, W, DY, x_row, g_row, dy_row, group_offset, start, cols, rstd,
+                    group_size, HAS_WEIGHT, ZERO_CENTERED, ACTIVATION, NORM_BEFORE_GATE,
+                    ROUNDING, WEIGHT_PRODUCT_ROUNDED)
                 grad_h = rstd * (grad_hhat - h_hat * mean_term)
                 dx, dgate = backward_inputs(x, grad_h, act, slope, dgate, X_DTYPE, G_DTYPE,
                                             NORM_BEFORE_GATE, ROUNDING)

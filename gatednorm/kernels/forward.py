@@ -14,6 +14,7 @@ from gatednorm.kernels.pointwise import (
     forward_output,
     gated_input,
     leading_offsets,
+    load_gamma,
 )
 
 # Runtime integers that change with the batch, the sequence length or the layout: never
@@ -70,12 +71,7 @@ def forward_tile_kernel(
 
     x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    gamma = 1.0
-    if HAS_WEIGHT:
-        gamma = tl.load(W + group_offset + cols, mask=col_mask, other=0.0).to(tl.float32)
-        if ZERO_CENTERED:
-            gamma = gamma + 1.0
-        gamma = gamma[None, :]  # [1, BLOCK_N]
+    gamma = load_gamma(W, group_offset + cols, col_mask, HAS_WEIGHT, ZERO_CENTERED)  # [BLOCK_N]
 
     act, _ = activation_and_slope(g, ACTIVATION)
     h = gated_input(x, act, X.dtype.element_ty, NORM_BEFORE_GATE, ROUNDING)
@@ -136,12 +132,7 @@ def forward_long_row_kernel(
         col_mask = start + cols < group_size
         x = tl.load(X + x_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
         g = tl.load(GATE + g_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
-        gamma = 1.0
-        if HAS_WEIGHT:
-            gamma = tl.load(W + group_offset + start + cols, mask=col_mask, other=0.0)
-            gamma = gamma.to(tl.float32)
-            if ZERO_CENTERED:
-                gamma = gamma + 1.0
+        gamma = load_gamma(W, group_offset + start + cols, col_mask, HAS_WEIGHT, ZERO_CENTERED)
         act, _ = activation_and_slope(g, ACTIVATION)
         h = gated_input(x, act, X.dtype.element_ty, NORM_BEFORE_GATE, ROUNDING)
         y = forward_output(h * rstd, act, gamma, X.dtype.element_ty, WEIGHT_PRODUCT_ROUNDED,

@@ -22,6 +22,17 @@ def round_to(t, dtype: tl.constexpr):
 
 
 @triton.jit
+def load_gamma(W, offsets, mask, HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr):
+    """The fp32 scale: weight, 1 + weight when zero-centered, or 1 without a weight."""
+    gamma = 1.0
+    if HAS_WEIGHT:
+        gamma = tl.load(W + offsets, mask=mask, other=0.0).to(tl.float32)
+        if ZERO_CENTERED:
+            gamma = gamma + 1.0
+    return gamma
+
+
+@triton.jit
 def activation_and_slope(g, ACTIVATION: tl.constexpr):
     """act(g) and act'(g). SiLU is written as g / (1 + exp(-g)), as PyTorch computes it."""
     denominator = 1.0 + tl.exp(-g)
