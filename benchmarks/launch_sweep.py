@@ -5,7 +5,7 @@ tune.json under $OUT (or the working directory). It replaces gatednorm's config 
 the duration of the sweep; the committed table in gatednorm/kernels/config.py was read off
 its output (benchmarks/results/h200-2026-12-02-launch-sweep.json).
 """
-import itertools, json, os, sys, time
+import json, os, sys, time
 import torch, triton
 from triton.testing import do_bench_cudagraph, do_bench
 import gatednorm
@@ -104,7 +104,7 @@ for d, rows in SHAPES:
     print("BEST bwd", d, best, flush=True)
     launch.backward_config = cfgmod.backward_config
     cfgmod.BACKWARD_TARGET_PROGRAMS = 1024
-    del x, g, dy, y
+    del x, g, y
 json.dump(dict(copy_gbps=copy, results=results), open(os.path.join(out, "tune.json"), "w"), indent=1)
 
 # host overhead of the eager call (decode sizes)

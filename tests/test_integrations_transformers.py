@@ -26,7 +26,6 @@ from typing import Callable
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 transformers = pytest.importorskip("transformers")
