@@ -45,6 +45,8 @@ def test_top_level_fields(smoke):
     assert result["copy_gbps"] > 0
     assert result["command"].startswith("python -m gatednorm.bench --smoke")
     assert {p["name"] for p in result["providers"]} == {p.name for p in providers.PROVIDERS}
+    # Written after every case with complete=False; the finished run says True.
+    assert result["complete"] is True
 
 
 def test_records_have_the_schema(smoke):

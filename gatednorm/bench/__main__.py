@@ -344,8 +344,9 @@ def _skip_case(case, selected, ctx: Context, budget_s: float) -> list[dict]:
 
 
 def run_cases(case_list, selected, ctx: Context, budget_s: float | None,
-              started: float) -> list[dict]:
-    """All cases in order, one progress line each; none is started after ``budget_s``."""
+              started: float, save_partial=None) -> list[dict]:
+    """All cases in order, one progress line each; none is started after ``budget_s``.
+    ``save_partial(records)`` runs after each case, so a run killed midway keeps its results."""
     records: list[dict] = []
     for i, case in enumerate(case_list, 1):
         elapsed = time.perf_counter() - started
@@ -357,6 +358,8 @@ def run_cases(case_list, selected, ctx: Context, budget_s: float | None,
         case_records = run_case(case, selected, ctx)
         records += case_records
         _progress(f"{prefix} {_case_line(case, case_records)}")
+        if save_partial is not None:
+            save_partial(records)
         for r in case_records:
             if r["status"] == "error" and r.get("mode") in (None, "eager") \
                     and r["pass"] == "fwd":
@@ -423,9 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                      if any(p.name == providers.SUBJECT for p in selected) else None)
     _progress(f"gatednorm bench ({mode}): {gpu}, {len(case_list)} cases, providers "
               f"{', '.join(p.name for p in selected)}; copy {ctx.copy_gbps:.0f} GB/s")
-    records = run_cases(case_list, selected, ctx, budget_s, started)
-
-    result = {
+    header = {
         "gpu": gpu,
         "torch": torch.__version__,
         "triton": triton.__version__,
@@ -450,10 +451,15 @@ def main(argv: list[str] | None = None) -> int:
                        "status": "missing" if p.missing() else "available",
                        "reason": p.missing()} for p in selected],
         "cases": [c.describe() for c in case_list],
-        "first_calls": list(ctx.first_calls.values()),
-        "records": records,
-        "runtime_s": time.perf_counter() - started,
     }
+
+    def result_with(records: list[dict], complete: bool) -> dict:
+        return {**header, "first_calls": list(ctx.first_calls.values()), "records": records,
+                "runtime_s": time.perf_counter() - started, "complete": complete}
+
+    records = run_cases(case_list, selected, ctx, budget_s, started,
+                        save_partial=lambda done: report.write_json(out, result_with(done, False)))
+    result = result_with(records, True)
     report.write_json(out, result)
     plot_note = None if args.no_plot else report.plot(result, out.with_suffix(".png"))
     print(report.format_report(result))
