@@ -61,7 +61,7 @@ for d, rows in SHAPES:
         fcands += [LaunchConfig(1, c, nw, True) for c in (2048, 4096) for nw in (8, 16)]
     best = None
     for c in fcands:
-        launch.forward_config = lambda gs, eb, c=c: c
+        launch.forward_config = lambda gs, c=c: c
         launch._PLANS.clear()
         try:
             ms = time_graph(lambda: launch.forward(x, g, w, group_size=d, traceable=False, **opts))
@@ -88,7 +88,7 @@ for d, rows in SHAPES:
     best = None
     for c in bcands:
         for target in (1056, 4224, 16896):
-            launch.backward_config = lambda gs, eb, c=c: c
+            launch.backward_config = lambda gs, c=c: c
             cfgmod.BACKWARD_TARGET_PROGRAMS = target
             launch._PLANS.clear()
             try:

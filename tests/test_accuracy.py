@@ -203,7 +203,7 @@ MANY_ROWS = (2100, 64)
                          ids=["tile", "tile-two_level_dweight_reduction", "long_row"])
 def test_same_call_twice_gives_identical_bits(dtype, shape):
     if shape == MANY_ROWS:
-        block_rows = config.backward_config(shape[-1], 4).block_rows
+        block_rows = config.backward_config(shape[-1]).block_rows
         _, num_chunks = config.backward_chunking(shape[0], 1, block_rows)
         assert num_chunks > launch.DWEIGHT_BLOCK_CHUNKS
     first, _, _ = _run_all(dtype, {}, True, shape=shape)

@@ -222,8 +222,8 @@ LONG_ROWS = [
 
 
 def _is_long_row(group_size: int) -> tuple[bool, bool]:
-    return (config.forward_config(group_size, 2).long_row,
-            config.backward_config(group_size, 2).long_row)
+    return (config.forward_config(group_size).long_row,
+            config.backward_config(group_size).long_row)
 
 
 def test_long_row_cases_cover_every_kernel_pairing():
@@ -268,7 +268,7 @@ def test_any_row_partition_gives_the_same_dx_and_dgate(monkeypatch, target_progr
     # dweight only through the order of its fp32 sums.
     x, gate, weight, dy = make_inputs(shape, torch.float16)
     default = fused(x, gate, weight, dy)
-    block_rows = config.backward_config(shape[-1], 2).block_rows
+    block_rows = config.backward_config(shape[-1]).block_rows
     monkeypatch.setattr(config, "BACKWARD_TARGET_PROGRAMS", target_programs)
     # Launch plans are cached per shape: start from an empty cache so the patch is used.
     monkeypatch.setattr(launch, "_PLANS", {})

@@ -55,12 +55,12 @@ def _tile_config(group_size: int, tiles: dict, long_row: tuple[int, int]) -> Lau
     return LaunchConfig(rows, block_n, warps, False)
 
 
-def forward_config(group_size: int, element_bytes: int) -> LaunchConfig:
+def forward_config(group_size: int) -> LaunchConfig:
     """Forward tile for one group size (the same element count for every dtype)."""
     return _tile_config(group_size, FORWARD_TILES, FORWARD_LONG_ROW)
 
 
-def backward_config(group_size: int, element_bytes: int) -> LaunchConfig:
+def backward_config(group_size: int) -> LaunchConfig:
     """Backward tile for one group size."""
     return _tile_config(group_size, BACKWARD_TILES, BACKWARD_LONG_ROW)
 

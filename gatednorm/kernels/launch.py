@@ -117,7 +117,7 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
 
     def build() -> _Plan:
         layout, copies = _row_layout_of([x, gate], [y], group_size)
-        config = forward_config(group_size, x.element_size())
+        config = forward_config(group_size)
         kernel = forward_long_row_kernel if config.long_row else forward_tile_kernel
         meta = _meta(layout, config, x.dtype, weight, zero_centered_gamma, activation,
                      norm_before_gate, rounding)
@@ -172,7 +172,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
 
     def build() -> _Plan:
         layout, copies = _row_layout_of([x, gate, dy], [dx, dgate], group_size)
-        config = backward_config(group_size, x.element_size())
+        config = backward_config(group_size)
         rows_per_chunk, num_chunks = backward_chunking(layout.rows, num_groups,
                                                        config.block_rows)
         kernel = backward_long_row_kernel if config.long_row else backward_tile_kernel

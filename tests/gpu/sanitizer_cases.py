@@ -66,8 +66,7 @@ CASES = (
 
 def kernel_paths(case: Case) -> str:
     group = case.group_size or case.shape[-1]
-    itemsize = torch.tensor([], dtype=case.dtypes.x).element_size()
-    fwd, bwd = forward_config(group, itemsize), backward_config(group, itemsize)
+    fwd, bwd = forward_config(group), backward_config(group)
 
     def name(config):
         return "long-row" if config.long_row else f"tile {config.block_rows}x{config.block_n}"
