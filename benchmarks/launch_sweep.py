@@ -1,145 +1,227 @@
-"""Sweep launch configs on the GPU: kernel time via CUDA-graph replays, registers and spills.
+"""Sweep launch configurations on a GPU: kernel time by CUDA-graph replay, registers, spills.
 
-Run on a CUDA machine from the repository root: ``python benchmarks/launch_sweep.py``. Writes
-tune.json under $OUT (or the working directory). It replaces gatednorm's config functions for
-the duration of the sweep; the committed table in gatednorm/kernels/config.py was read off
-its output (benchmarks/results/h200-2026-12-02-launch-sweep.json).
+Run from the repository root on a CUDA machine::
+
+    python benchmarks/launch_sweep.py [--passes fwd,bwd] [--shapes d128,d1024,...] [--out F]
+
+For each shape it times every candidate configuration of the forward and/or the backward
+(backward = the main kernel plus the two dweight reduction launches, as a user's backward
+runs) with ``triton.testing.do_bench_cudagraph`` on tensors much larger than the L2, and
+writes one record per candidate to a JSON file (rewritten after every shape). It replaces
+gatednorm's config functions for the duration of the sweep; the table in
+gatednorm/kernels/config.py is read off its output (see docs/perf-notes.md).
 """
-import json, os, sys, time
-import torch, triton
-from triton.testing import do_bench_cudagraph, do_bench
-import gatednorm
-from gatednorm.kernels import launch, config as cfgmod
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import triton
+from triton.testing import do_bench, do_bench_cudagraph
+
+from gatednorm.kernels import backward as backward_kernels
+from gatednorm.kernels import config as config_module
+from gatednorm.kernels import forward as forward_kernels
+from gatednorm.kernels import launch
 from gatednorm.kernels.config import LaunchConfig
-from gatednorm.kernels import forward as fk, backward as bk
-dev = "cuda"
-out = os.environ.get("OUT", ".")
-n = 1 << 28
-a = torch.empty(n, dtype=torch.uint8, device=dev); b = torch.empty_like(a)
-copy = 2 * n / do_bench(lambda: b.copy_(a), return_mode="median") / 1e6
-print("copy GB/s %.0f" % copy, flush=True)
-results = []
 
-def regs(kernel):
-  try:
-    best = None
-    for dc in kernel.device_caches.values():
-        for k in dc[0].values():
-            best = (k.n_regs, k.n_spills)
-    return best
-  except Exception as e:
-    return repr(e)[:80]
 
-def clear(kernel):
-  try:
-    for dc in kernel.device_caches.values():
-        dc[0].clear()
-  except Exception:
-    pass
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    rows: int
+    d: int
+    group_size: int
+    norm_before_gate: bool
 
-def time_graph(fn):
-    return do_bench_cudagraph(fn, rep=60, return_mode="median")
 
-opts = dict(eps=1e-6, zero_centered_gamma=False, activation="silu", norm_before_gate=True, rounding="te")
-SHAPES = [(128, 128 << 20 >> 7 >> 1), (1024, 65536), (4096, 16384), (8192, 8192), (16384, 4096), (32768, 2048)]
-mode = sys.argv[1] if len(sys.argv) > 1 else "all"
-for d, rows in SHAPES:
-    x = torch.randn(rows, d, device=dev, dtype=torch.bfloat16)
-    g = torch.randn(rows, d, device=dev, dtype=torch.bfloat16)
-    w = torch.randn(d, device=dev, dtype=torch.bfloat16)
-    dy = torch.randn(rows, d, device=dev, dtype=torch.bfloat16)
-    nel = rows * d
-    bn = triton.next_power_of_2(d)
-    # forward
-    fcands = []
-    for br in [1, 2, 4, 8, 16, 32, 64, 128]:
-        for nw in [1, 2, 4, 8, 16, 32]:
-            te = br * bn
-            if te > 32768 or te < 256 or te // (32 * nw) < 4 or te // (32 * nw) > 32: continue
-            fcands.append(LaunchConfig(br, bn, nw, False))
-    if bn > 16384:
-        fcands += [LaunchConfig(1, c, nw, True) for c in (2048, 4096) for nw in (8, 16)]
-    best = None
-    for c in fcands:
-        launch.forward_config = lambda gs, c=c: c
-        launch._PLANS.clear()
-        try:
-            ms = time_graph(lambda: launch.forward(x, g, w, group_size=d, traceable=False, **opts))
-        except Exception as e:
-            print("fwd fail", d, c, repr(e)[:200]); continue
-        k = fk.forward_long_row_kernel if c.long_row else fk.forward_tile_kernel
-        r = regs(k); clear(k)
-        frac = 6 * nel / ms / 1e6 / copy
-        results.append(dict(pass_="fwd", d=d, rows=rows, cfg=c.__dict__, ms=ms, frac=frac, regs=r))
-        if best is None or ms < best[0]: best = (ms, c)
-        print(f"fwd d={d} {c.block_rows}x{c.block_n} w{c.num_warps} long={c.long_row} {ms*1e3:.1f}us {frac*100:.1f}% regs={r}", flush=True)
-    print("BEST fwd", d, best, flush=True)
-    launch.forward_config = cfgmod.forward_config
-    y, rstd = launch.forward(x, g, w, group_size=d, traceable=False, **{k: v for k, v in opts.items()})
-    bopts = {k: v for k, v in opts.items() if k != "eps"}
-    bcands = []
-    for br in [1, 2, 4, 8, 16, 32, 64]:
-        for nw in [2, 4, 8, 16, 32]:
-            te = br * bn
-            if te > 16384 or te < 512 or te // (32 * nw) < 4 or te // (32 * nw) > 16: continue
-            bcands.append(LaunchConfig(br, bn, nw, False))
-    if bn > 8192:
-        bcands += [LaunchConfig(1, c, nw, True) for c in (2048, 4096) for nw in (8, 16)]
-    best = None
-    for c in bcands:
-        for target in (1056, 4224, 16896):
-            launch.backward_config = lambda gs, c=c: c
-            cfgmod.BACKWARD_TARGET_PROGRAMS = target
+SHAPES = {
+    # GDN heads (rows = tokens x heads), 2^26 elements.
+    "d128": Shape("d128", 1 << 19, 128, 128, True),
+    # Mamba2 8192 x 5120, groups of 640, gate first.
+    "mamba2": Shape("mamba2", 8192, 5120, 640, False),
+    # Nemotron-H 8192 x 8192, groups of 1024, gate first.
+    "nemotronh": Shape("nemotronh", 8192, 8192, 1024, False),
+    # GDN 8192 tokens x 32 heads: half the size, where the last wave's tail shows more.
+    "gdn8192x32": Shape("gdn8192x32", 1 << 18, 128, 128, True),
+    "d96": Shape("d96", 1 << 19, 96, 96, True),
+    "d192": Shape("d192", 1 << 18, 192, 192, True),
+    "d256": Shape("d256", 1 << 18, 256, 256, True),
+    "d512": Shape("d512", 1 << 17, 512, 512, True),
+    "d2048": Shape("d2048", 1 << 15, 2048, 2048, True),
+    "d4096": Shape("d4096", 16384, 4096, 4096, True),
+    "d8192": Shape("d8192", 8192, 8192, 8192, True),
+    "d16384": Shape("d16384", 4096, 16384, 16384, True),
+    "d32768": Shape("d32768", 2048, 32768, 32768, True),
+}
+
+# Candidate (block_rows, num_warps) per power-of-two tile width, and long-row candidates
+# (block_n, num_warps) for groups wider than the widest tile.
+FORWARD_TILES = {
+    128: [(16, 4), (8, 2), (32, 8)],
+    256: [(8, 4), (4, 2)],
+    512: [(4, 4), (2, 2)],
+    1024: [(1, 2), (1, 1), (2, 2), (4, 2), (4, 4), (8, 4), (8, 8), (2, 8)],
+    2048: [(1, 4), (1, 2)],
+    4096: [(1, 8), (1, 4)],
+    8192: [(1, 8), (1, 16)],
+    16384: [(2, 32), (1, 16)],
+}
+BACKWARD_TILES = {
+    128: [(8, 1), (8, 2), (4, 1), (16, 2), (16, 4)],
+    256: [(4, 1), (4, 2), (8, 2)],
+    512: [(2, 1), (2, 2), (4, 2)],
+    1024: [(1, 2), (1, 4), (1, 8)],
+    2048: [(1, 2), (1, 4), (1, 8)],
+    4096: [(1, 4), (1, 8)],
+    8192: [(1, 8), (1, 16)],
+}
+FORWARD_LONG_ROWS = [(2048, 8), (4096, 8), (4096, 16)]
+BACKWARD_LONG_ROWS = [(2048, 8), (4096, 8), (4096, 16), (8192, 16), (8192, 32)]
+
+
+def forward_candidates(shape: Shape, stages) -> list[LaunchConfig]:
+    block_n = triton.next_power_of_2(shape.group_size)
+    if block_n > max(FORWARD_TILES):
+        return [LaunchConfig(1, n, w, True, s) for n, w in FORWARD_LONG_ROWS for s in stages]
+    return [LaunchConfig(rows, block_n, warps, False)
+            for rows, warps in FORWARD_TILES[block_n]]
+
+
+def backward_candidates(shape: Shape, stages) -> list[LaunchConfig]:
+    block_n = triton.next_power_of_2(shape.group_size)
+    if block_n > max(BACKWARD_TILES):
+        return [LaunchConfig(1, n, w, True, s) for n, w in BACKWARD_LONG_ROWS for s in stages]
+    return [LaunchConfig(rows, block_n, warps, False, s)
+            for rows, warps in BACKWARD_TILES[block_n] for s in stages]
+
+
+def compiled_resources(kernel) -> dict:
+    """Registers and spills of the most recently compiled variant of ``kernel``."""
+    found = {}
+    for cache in kernel.device_caches.values():
+        for compiled in cache[0].values():
+            found = dict(registers=compiled.n_regs, spills=compiled.n_spills,
+                         shared_bytes=compiled.metadata.shared)
+    return found
+
+
+def forget_compiled(kernel) -> None:
+    for cache in kernel.device_caches.values():
+        cache[0].clear()
+
+
+def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: list[int],
+                copy_gbps: float, options: dict) -> list[dict]:
+    device = "cuda"
+    dtype = torch.bfloat16
+    x = torch.randn(shape.rows, shape.d, device=device, dtype=dtype)
+    gate = torch.randn_like(x)
+    weight = torch.randn(shape.d, device=device, dtype=dtype)
+    dy = torch.randn_like(x)
+    elements = x.numel()
+    common = dict(group_size=shape.group_size, norm_before_gate=shape.norm_before_gate,
+                  traceable=False, **options)
+    records = []
+
+    def record(pass_name, config, target, ms, kernel, bytes_per_element):
+        gbps = bytes_per_element * elements / (ms * 1e-3) / 1e9
+        entry = dict(shape=shape.name, rows=shape.rows, d=shape.d, group_size=shape.group_size,
+                     norm_before_gate=shape.norm_before_gate, pass_=pass_name,
+                     config=asdict(config), target_programs=target, median_ms=ms, gbps=gbps,
+                     frac_copy=gbps / copy_gbps, **compiled_resources(kernel))
+        records.append(entry)
+        print(f"{pass_name} {shape.name} rows={config.block_rows} n={config.block_n} "
+              f"w={config.num_warps} long={config.long_row} stages={config.loop_stages} "
+              f"T={target} {ms * 1e3:.1f} us {entry['frac_copy'] * 100:.1f}% "
+              f"regs={entry.get('registers')} spills={entry.get('spills')}", flush=True)
+
+    if "fwd" in passes:
+        for config in forward_candidates(shape, stages):
+            launch.forward_config = lambda group_size, c=config: c
             launch._PLANS.clear()
+            kernel = (forward_kernels.forward_long_row_kernel if config.long_row
+                      else forward_kernels.forward_tile_kernel)
             try:
-                ms = time_graph(lambda: launch.backward(dy, x, g, w, rstd, group_size=d, traceable=False, **bopts))
-            except Exception as e:
-                print("bwd fail", d, c, repr(e)[:200]); continue
-            k = bk.backward_long_row_kernel if c.long_row else bk.backward_tile_kernel
-            r = regs(k); clear(k)
-            frac = 10 * nel / ms / 1e6 / copy
-            results.append(dict(pass_="bwd", d=d, rows=rows, cfg=c.__dict__, target=target, ms=ms, frac=frac, regs=r))
-            if best is None or ms < best[0]: best = (ms, c, target)
-            print(f"bwd d={d} {c.block_rows}x{c.block_n} w{c.num_warps} long={c.long_row} T={target} {ms*1e3:.1f}us {frac*100:.1f}% regs={r}", flush=True)
-    print("BEST bwd", d, best, flush=True)
-    launch.backward_config = cfgmod.backward_config
-    cfgmod.BACKWARD_TARGET_PROGRAMS = 1024
-    del x, g, y
-json.dump(dict(copy_gbps=copy, results=results), open(os.path.join(out, "tune.json"), "w"), indent=1)
+                ms = do_bench_cudagraph(
+                    lambda: launch.forward(x, gate, weight, eps=1e-6, store_rstd=False,
+                                           **common), rep=30, return_mode="median")
+            except Exception as error:  # a candidate that does not compile is reported
+                print("fwd failed", shape.name, config, repr(error)[:300], flush=True)
+                continue
+            record("fwd", config, None, ms, kernel, 6)
+            forget_compiled(kernel)
+        launch.forward_config = config_module.forward_config
 
-# host overhead of the eager call (decode sizes)
-from gatednorm.kernels.layout import row_layout
-def per_call(fn, n=2000):
-    for _ in range(20): fn()
-    torch.cuda.synchronize(); t = time.perf_counter()
-    for _ in range(n): fn()
-    torch.cuda.synchronize(); return (time.perf_counter() - t) / n * 1e6
-x = torch.randn(64, 32, 128, device=dev, dtype=torch.bfloat16); g = torch.randn_like(x); w = torch.ones(128, device=dev, dtype=torch.bfloat16)
-y = torch.empty_like(x); rs = torch.empty(64*32, device=dev)
-print("empty us", per_call(lambda: torch.empty(x.shape, dtype=x.dtype, device=x.device)))
-print("row_layout us", per_call(lambda: row_layout([x, g, y], 128)))
-args = (x, g, w, y, rs, 64*32, 1, 1, 0, 0, 128, 0, 0, 128, 0, 0, 128, 128, 1, 1e-6)
-meta = dict(LEADING_DIMS=1, ROW_ALIGN=8, BLOCK_ROWS=8, BLOCK_N=128, HAS_WEIGHT=True, ZERO_CENTERED=False, ACTIVATION=0, NORM_BEFORE_GATE=True, ROUNDING=0, num_warps=4)
-print("raw triton launch us", per_call(lambda: fk.forward_tile_kernel[(256,)](*args, **meta)))
-print("launch.forward us", per_call(lambda: launch.forward(x, g, w, group_size=128, traceable=False, **opts)))
-print("functional nograd us", per_call(lambda: gatednorm.rms_norm_gated(x, g, w)))
-wr = w.clone().requires_grad_()
-print("functional grad-enabled fwd us", per_call(lambda: gatednorm.rms_norm_gated(x, g, wr)))
-for r in [1, 16, 256, 4096]:
-    xx = torch.randn(r, 32, 128, device=dev, dtype=torch.bfloat16); gg = torch.randn_like(xx)
-    print("decode rows", r, "eager us", per_call(lambda: gatednorm.rms_norm_gated(xx, gg, w)))
-    gr = torch.cuda.CUDAGraph()
-    s_ = torch.cuda.Stream(); s_.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s_):
-        for _ in range(3): gatednorm.rms_norm_gated(xx, gg, w)
-    torch.cuda.current_stream().wait_stream(s_)
-    with torch.cuda.graph(gr): yy = gatednorm.rms_norm_gated(xx, gg, w)
-    print("decode rows", r, "graph replay us", per_call(gr.replay))
-x = torch.randn(1, 32, 128, device=dev, dtype=torch.bfloat16); g = torch.randn_like(x); w = torch.ones(128, device=dev, dtype=torch.bfloat16)
-for _ in range(10): gatednorm.rms_norm_gated(x, g, w)
-torch.cuda.synchronize(); t = time.perf_counter()
-for _ in range(1000): gatednorm.rms_norm_gated(x, g, w)
-torch.cuda.synchronize(); print("eager call us", (time.perf_counter() - t) * 1e3)
-t = time.perf_counter()
-for _ in range(1000): launch.forward(x, g, w, group_size=128, traceable=False, **opts)
-torch.cuda.synchronize(); print("launcher call us", (time.perf_counter() - t) * 1e3)
+    if "bwd" in passes:
+        launch._PLANS.clear()
+        _, rstd = launch.forward(x, gate, weight, eps=1e-6, **common)
+        for config in backward_candidates(shape, stages):
+            kernel = (backward_kernels.backward_long_row_kernel if config.long_row
+                      else backward_kernels.backward_tile_kernel)
+            for target in targets:
+                launch.backward_config = lambda group_size, c=config: c
+                config_module.BACKWARD_TARGET_PROGRAMS = target
+                launch._PLANS.clear()
+                try:
+                    ms = do_bench_cudagraph(
+                        lambda: launch.backward(dy, x, gate, weight, rstd, **common),
+                        rep=30, return_mode="median")
+                except Exception as error:
+                    print("bwd failed", shape.name, config, repr(error)[:300], flush=True)
+                    continue
+                record("bwd", config, target, ms, kernel, 10)
+            forget_compiled(kernel)
+        launch.backward_config = config_module.backward_config
+        config_module.BACKWARD_TARGET_PROGRAMS = SAVED_TARGET
+    return records
+
+
+SAVED_TARGET = config_module.BACKWARD_TARGET_PROGRAMS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--passes", default="fwd,bwd")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--stages", default="1,2,3", help="loop pipelining depths to try")
+    parser.add_argument("--targets", default="1056,4224",
+                        help="backward program counts (BACKWARD_TARGET_PROGRAMS) to try")
+    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."),
+                                                      "launch-sweep.json"))
+    args = parser.parse_args()
+    passes = args.passes.split(",")
+    source = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
+    copy_gbps = 2 * source.numel() / (do_bench(lambda: target.copy_(source),
+                                               return_mode="median") * 1e-3) / 1e9
+    del source, target
+    print(f"copy {copy_gbps:.0f} GB/s", flush=True)
+    result = dict(
+        gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+        python=platform.python_version(), date=datetime.date.today().isoformat(),
+        command="python benchmarks/launch_sweep.py " + " ".join(sys.argv[1:]),
+        method="kernel time by CUDA-graph replay (triton.testing.do_bench_cudagraph, median), "
+               "bf16, rounding te, silu, bf16 weight; backward = main kernel + dweight reduction",
+        copy_gbps=copy_gbps, records=[])
+    options = dict(zero_centered_gamma=False, activation="silu", rounding="te")
+    for name in args.shapes.split(","):
+        start = time.perf_counter()
+        result["records"] += sweep_shape(
+            SHAPES[name], passes, [int(v) for v in args.stages.split(",")],
+            [int(v) for v in args.targets.split(",")], copy_gbps, options)
+        with open(args.out, "w") as handle:
+            json.dump(result, handle, indent=1)
+        print(f"{name} done in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

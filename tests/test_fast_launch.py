@@ -40,8 +40,7 @@ class FakeKernel:
 def fake_driver(monkeypatch):
     streams = SimpleNamespace(get_current_stream=lambda index: f"stream{index}")
     monkeypatch.setattr(fast_launch, "driver", SimpleNamespace(active=streams))
-    monkeypatch.setattr(fast_launch, "knobs",
-                        SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=None)))
+    # Triton's own knobs as installed (Triton 3.6 keeps an empty HookChain there, not None).
 
 
 def _tensors(offset_elements=0):
@@ -86,12 +85,43 @@ def test_interpreted_kernels_are_never_cached(fake_driver):
     assert not launch.compiled
 
 
-def test_a_launch_hook_forces_the_normal_path(fake_driver, monkeypatch):
-    monkeypatch.setattr(fast_launch, "knobs",
-                        SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=print)))
+def _knobs_with_hooks(enter, exit_):
+    return SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=enter,
+                                                   launch_exit_hook=exit_))
+
+
+@pytest.mark.parametrize("hooks", ["enter", "exit", "enter-chain", "exit-chain"])
+def test_a_launch_hook_forces_the_normal_path(fake_driver, monkeypatch, hooks):
+    if hooks.endswith("chain"):
+        chain = SimpleNamespace(calls=[print])
+        enter, exit_ = (chain, None) if hooks.startswith("enter") else (None, chain)
+    else:
+        enter, exit_ = (print, None) if hooks == "enter" else (None, print)
+    monkeypatch.setattr(fast_launch, "knobs", _knobs_with_hooks(enter, exit_))
     kernel = FakeKernel()
     launch = fast_launch.CachedLaunch(kernel, {"BLOCK": 16, "FLAG": False})
     x, y = _tensors()
     for _ in range(2):
         launch((1,), (x, y, 8), (x, y))
     assert len(kernel.calls) == 2
+
+
+@pytest.mark.parametrize("empty_hook", ["none", "empty-chain"])
+def test_no_hook_installed_takes_the_relaunch_path(fake_driver, monkeypatch, empty_hook):
+    hook = None if empty_hook == "none" else SimpleNamespace(calls=[])
+    monkeypatch.setattr(fast_launch, "knobs", _knobs_with_hooks(hook, hook))
+    kernel = FakeKernel()
+    launch = fast_launch.CachedLaunch(kernel, {"BLOCK": 16, "FLAG": False})
+    x, y = _tensors()
+    for _ in range(3):
+        launch((1,), (x, y, 8), (x, y))
+    assert len(kernel.calls) == 1
+
+
+def test_the_installed_triton_has_no_launch_hook_by_default():
+    """The relaunch path must be live with the Triton we ship against: its default knobs
+    (None before 3.6, an empty HookChain since) count as no hook."""
+    from triton import knobs
+    if knobs.runtime.launch_enter_hook is not None:
+        assert hasattr(knobs.runtime.launch_enter_hook, "calls")
+    assert not fast_launch._hooks_installed()

@@ -20,8 +20,8 @@ win — and then the passes are timed (gatednorm.bench.timing):
   ``bwd_method`` says so;
 - ``fwd+bwd``: one forward and its backward per call.
 
-Decode cases time the inference forward per call, eager (host overhead included) and as
-CUDA graph replays. A run stops starting new cases after ``--budget-s`` seconds; the cases
+Decode cases time the inference forward per call, eager (host overhead included) and inside
+a CUDA graph (a graph of timing.GRAPH_CALLS forwards replayed, time per forward). A run stops starting new cases after ``--budget-s`` seconds; the cases
 it did not reach are recorded as "skipped".
 """
 
@@ -222,10 +222,11 @@ def measure_decode(provider, case, sets, truth, ctx: Context) -> list[dict]:
                             "gbps": None, "frac_copy": None, "us_per_call": None})
             return records
         try:
-            replay = timing.capture_graph(call)
+            replay = timing.capture_graph(call, timing.GRAPH_CALLS)
             graph_us = timing.per_call_us(replay, ctx.device, ctx.budget.decode_calls,
-                                          ctx.budget.decode_trials)
-            records.append(_timed_record({**base, "mode": "graph", "us_per_call": graph_us},
+                                          ctx.budget.decode_trials) / timing.GRAPH_CALLS
+            records.append(_timed_record({**base, "mode": "graph", "us_per_call": graph_us,
+                                          "calls_per_graph": timing.GRAPH_CALLS},
                                          case, "fwd", graph_us / 1e3, ctx))
         except Exception as error:  # noqa: BLE001
             records.append({**base, "pass": "fwd", "mode": "graph", "status": "error",

@@ -2,10 +2,12 @@
 
 - :func:`measure` (kernel time of training-size calls): every call is bracketed by two CUDA
   events and the median of the per-call times is reported (with the 20th and 80th
-  percentiles). Before each start event the stream runs a short spin kernel
-  (``torch.cuda._sleep``): while it spins the host issues the timed call, so the interval
-  between the events holds the call's kernels and the gaps between them that the GPU cannot
-  hide, not the host's time to reach its first launch. Calls rotate over several input sets
+  percentiles). Before each start event the stream runs a spin kernel
+  (``torch.cuda._sleep``) that lasts longer than the host needs to issue the whole call
+  (measured in the warm-up, at least SPACER_US): while it spins the host queues every kernel
+  of the call, so the interval between the events is the GPU time of the call's kernels and
+  of the gaps between them that the GPU itself cannot hide, for every provider alike. The host
+  time a provider spends per call is what the decode measurements report. Calls rotate over several input sets
   holding more than 4x the L2 together (:func:`rotation_sets`), so each call reads its inputs
   from DRAM, as it would in a model where other layers ran in between. The number of calls is
   chosen from a warm-up estimate so that each measurement spends about ``target_ms``.
@@ -13,7 +15,9 @@
   plus bytes written over the median time. It is the ceiling every pass is compared to.
 - :func:`per_call_us` (decode): host wall clock of N back-to-back calls with one synchronize
   at the end, divided by N: host overhead included, as a serving loop sees it. With a CUDA
-  graph (:func:`capture_graph`) the same clock times N replays of the captured forward.
+  graph (:func:`capture_graph`) the same clock times N replays of a graph holding
+  GRAPH_CALLS forwards, divided by N x GRAPH_CALLS: the cost of one forward inside a captured
+  decode step, where the graph's own launch is paid once for the whole step.
 - :func:`first_call_s`: wall time of one synchronized call, compile and autotune included.
 
 On a CPU-only machine (``--smoke``) ``time.perf_counter`` replaces the events and there is no
@@ -38,9 +42,13 @@ DEFAULT_L2_BYTES = 60 * 2**20
 # Rotated input sets together touch at least this many times the L2.
 ROTATION_L2_MULTIPLE = 4
 MIN_SETS = 2
-# Spin before each timed call: longer than the host needs to issue the call's first kernel.
+# Spin before each timed call: at least this long, and longer than the host needs to issue
+# the whole call (measured); never longer than MAX_SPACER_US.
 SPACER_US = 200
+MAX_SPACER_US = 50_000
 WARMUP_CALLS = 3
+# Forwards captured in one CUDA graph for the decode graph measurement.
+GRAPH_CALLS = 32
 
 
 @dataclass(frozen=True)
@@ -105,8 +113,8 @@ def rotation_sets(case: Case, device: torch.device, budget: Budget) -> int:
 
 
 @functools.cache
-def _spin_cycles(device_index: int) -> int:
-    """GPU clock cycles that ``torch.cuda._sleep`` needs to spin for SPACER_US."""
+def _spin_cycles_per_us(device_index: int) -> float:
+    """GPU clock cycles per microsecond of ``torch.cuda._sleep``."""
     calibration_cycles = 10**6
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(calibration_cycles)
@@ -114,48 +122,57 @@ def _spin_cycles(device_index: int) -> int:
     torch.cuda._sleep(calibration_cycles)
     end.record()
     end.synchronize()
-    cycles_per_us = calibration_cycles / (start.elapsed_time(end) * 1000.0)
-    return int(SPACER_US * cycles_per_us)
+    return calibration_cycles / (start.elapsed_time(end) * 1000.0)
 
 
-def _spacer(device: torch.device) -> Callable[[], None]:
+def _spacer(device: torch.device, spacer_us: float) -> Callable[[], None]:
     if not hasattr(torch.cuda, "_sleep"):
         return lambda: None
-    cycles = _spin_cycles(device.index if device.index is not None else torch.cuda.current_device())
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    cycles = int(spacer_us * _spin_cycles_per_us(index))
     return lambda: torch.cuda._sleep(cycles)
 
 
-def _timed_calls(calls: Sequence[Callable[[], object]], count: int,
-                 device: torch.device) -> list[float]:
-    """Per-call milliseconds of ``count`` calls cycling through ``calls``."""
+def _timed_calls(calls: Sequence[Callable[[], object]], count: int, device: torch.device,
+                 spacer_us: float = SPACER_US) -> tuple[list[float], list[float]]:
+    """(GPU ms, host ms) per call of ``count`` calls cycling through ``calls``; the host time
+    is the wall time to issue the call (on a CPU device both are the wall time)."""
+    host = []
     if not is_cuda(device):
-        times = []
         for i in range(count):
             start = time.perf_counter()
             calls[i % len(calls)]()
-            times.append((time.perf_counter() - start) * 1000.0)
-        return times
-    spin = _spacer(device)
+            host.append((time.perf_counter() - start) * 1000.0)
+        return host, host
+    spin = _spacer(device, spacer_us)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     for i in range(count):
         spin()
         starts[i].record()
+        issue = time.perf_counter()
         calls[i % len(calls)]()
+        host.append((time.perf_counter() - issue) * 1000.0)
         ends[i].record()
-    torch.cuda.synchronize(device)
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        # One call at a time: the launch queue never fills, so issuing a call never blocks on
+        # the GPU and the host time measured is the call's own.
+        ends[i].synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)], host
 
 
 def measure(calls: Sequence[Callable[[], object]], device: torch.device,
             budget: Budget) -> Timing:
     """Median per-call time of ``calls`` (rotated in order), after a warm-up of at least
-    WARMUP_CALLS calls and one pass over every set; the repetition count comes from the
-    warm-up's median so that the measurement spends about ``budget.target_ms``."""
-    warmup = _timed_calls(calls, max(WARMUP_CALLS, len(calls)), device)
+    WARMUP_CALLS calls and one pass over every set. The warm-up also measures the host time
+    to issue one call, and the spin before each timed call is made longer than that (twice
+    the median warm-up call), so the timed interval never waits on the host. The repetition
+    count comes from the warm-up's median so that the measurement spends about
+    ``budget.target_ms``."""
+    warmup, host = _timed_calls(calls, max(WARMUP_CALLS, len(calls)), device)
+    spacer_us = min(MAX_SPACER_US, max(SPACER_US, 2000.0 * statistics.median(host)))
     estimate_ms = max(statistics.median(warmup), 1e-3)
     reps = min(budget.max_reps, max(budget.min_reps, math.ceil(budget.target_ms / estimate_ms)))
-    times = sorted(_timed_calls(calls, reps, device))
+    times = sorted(_timed_calls(calls, reps, device, spacer_us)[0])
     return Timing(median_ms=statistics.median(times), p20_ms=_quantile(times, 0.2),
                   p80_ms=_quantile(times, 0.8), reps=reps)
 
@@ -188,9 +205,11 @@ def per_call_us(call: Callable[[], object], device: torch.device, calls: int,
     return statistics.median(per_trial)
 
 
-def capture_graph(call: Callable[[], object]) -> Callable[[], None]:
-    """Capture one ``call()`` into a CUDA graph (after a warm-up on a side stream, as CUDA
-    graph capture requires) and return its replay."""
+def capture_graph(call: Callable[[], object], calls_per_graph: int = 1) -> Callable[[], None]:
+    """Capture ``calls_per_graph`` back-to-back ``call()`` into one CUDA graph (after a
+    warm-up on a side stream, as CUDA graph capture requires) and return its replay. With
+    several calls per graph, one replay's time over ``calls_per_graph`` is what each call
+    costs inside a captured decode step, where the graph launch is paid once per step."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -199,12 +218,12 @@ def capture_graph(call: Callable[[], object]) -> Callable[[], None]:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        output = call()
+        outputs = [call() for _ in range(calls_per_graph)]
 
     def replay():
         graph.replay()
-    # The replay closure keeps the graph and its output (in the graph's private pool) alive.
-    replay.output = output
+    # The replay closure keeps the graph and its outputs (in the graph's private pool) alive.
+    replay.output = outputs[-1]
     return replay
 
 

@@ -51,7 +51,7 @@ def backward_tile_kernel(
     stride_dgate0, stride_dgate1, stride_dgate2,
     group_size, num_groups, rows_per_chunk, weight_size,
     LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_STAGES: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
     NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
 ):
@@ -69,7 +69,9 @@ def backward_tile_kernel(
     dweight = tl.zeros([BLOCK_N], dtype=tl.float32)
 
     chunk_start = chunk.to(tl.int64) * rows_per_chunk
-    for tile_start in range(0, rows_per_chunk, BLOCK_ROWS):
+    # LOOP_STAGES > 1 lets Triton prefetch the next tile's loads (cp.async) while this one
+    # computes and stores: a program otherwise has one tile of loads in flight at a time.
+    for tile_start in tl.range(0, rows_per_chunk, BLOCK_ROWS, num_stages=LOOP_STAGES):
         rows_idx = chunk_start + tile_start + tl.arange(0, BLOCK_ROWS)  # [BLOCK_ROWS]
         row_mask = (rows_idx < rows) & (tile_start + tl.arange(0, BLOCK_ROWS) < rows_per_chunk)
         mask = row_mask[:, None] & col_mask[None, :]  # [BLOCK_ROWS, BLOCK_N]
@@ -139,7 +141,7 @@ def backward_long_row_kernel(
     stride_dgate0, stride_dgate1, stride_dgate2,
     group_size, num_groups, rows_per_chunk, weight_size,
     LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_STAGES: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
     NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
 ):
@@ -172,7 +174,7 @@ def backward_long_row_kernel(
             rstd = tl.load(RSTD + row * num_groups + group)
 
             dot = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for start in range(0, group_size, BLOCK_N):
+            for start in tl.range(0, group_size, BLOCK_N, num_stages=LOOP_STAGES):
                 _, _, _, h_hat, grad_hhat, _, _ = _long_row_chunk(
                     X, GATE, W, DY, x_row, g_row, dy_row, group_offset, start, cols, rstd,
                     group_size, HAS_WEIGHT, ZERO_CENTERED, ACTIVATION, NORM_BEFORE_GATE,
@@ -180,7 +182,7 @@ def backward_long_row_kernel(
                 dot += grad_hhat * h_hat
             mean_term = tl.sum(dot, axis=0) / group_size
 
-            for start in range(0, group_size, BLOCK_N):
+            for start in tl.range(0, group_size, BLOCK_N, num_stages=LOOP_STAGES):
                 col_mask = start + cols < group_size
                 x, act, slope, h_hat, grad_hhat, dweight_term, dgate = _long_row_chunk(
                     X, GATE, W, DY, x_row, g_row, dy_row, group_offset, start, cols, rstd,

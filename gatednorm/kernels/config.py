@@ -12,19 +12,23 @@ from dataclasses import dataclass
 import torch
 import triton
 
-# Measured best (block_rows, num_warps) per power-of-two tile width, bf16, on an H200
-# (docs/perf-notes.md). Forward groups up to 16384 elements stay in registers; the backward
-# keeps about three times as many live values and loops beyond 8192.
+# Measured best (block_rows, num_warps, loop_stages) per power-of-two tile width, bf16, on an
+# H200 (docs/perf-notes.md, benchmarks/results/h200-2026-12-02-launch-sweep-v3*.json).
+# Forward groups up to 16384 elements stay in registers; the backward keeps about three times
+# as many live values and loops beyond 8192. The backward's loop over its chunk's rows is
+# software-pipelined (loop_stages tiles of loads in flight per program): without it a program
+# waits on every tile's loads, and the backward stayed under 75 % of copy bandwidth.
 FORWARD_TILES = {
-    128: (16, 4), 256: (8, 4), 512: (4, 4), 1024: (1, 2), 2048: (1, 4), 4096: (1, 8),
-    8192: (1, 8), 16384: (2, 32),
+    128: (16, 4, 1), 256: (4, 2, 1), 512: (4, 4, 1), 1024: (1, 2, 1), 2048: (1, 2, 1),
+    4096: (1, 4, 1), 8192: (1, 8, 1), 16384: (2, 32, 1),
 }
 BACKWARD_TILES = {
-    128: (8, 2), 256: (4, 2), 512: (2, 2), 1024: (1, 2), 2048: (1, 4), 4096: (1, 8),
-    8192: (1, 32),
+    128: (4, 1, 4), 256: (4, 1, 3), 512: (2, 2, 4), 1024: (1, 2, 4), 2048: (1, 2, 3),
+    4096: (1, 4, 3), 8192: (1, 16, 3),
 }
-FORWARD_LONG_ROW = (4096, 16)
-BACKWARD_LONG_ROW = (2048, 8)
+# Long rows: (block_n, num_warps, loop_stages) of the looped kernels.
+FORWARD_LONG_ROW = (4096, 16, 1)
+BACKWARD_LONG_ROW = (4096, 8, 3)
 # The backward splits rows into about this many (chunk, group) programs. A constant, not the
 # SM count: the partition, and so dweight's rounding, must not depend on the GPU.
 BACKWARD_TARGET_PROGRAMS = 1056
@@ -41,18 +45,21 @@ class LaunchConfig:
     block_n: int
     num_warps: int
     long_row: bool
+    # Software-pipelining depth of the kernel's loop (rows in the backward tile kernel,
+    # column chunks in the long-row kernels); 1 = no prefetch. Unused by the forward tile.
+    loop_stages: int = 1
 
 
-def _tile_config(group_size: int, tiles: dict, long_row: tuple[int, int]) -> LaunchConfig:
+def _tile_config(group_size: int, tiles: dict, long_row: tuple[int, int, int]) -> LaunchConfig:
     block_n = triton.next_power_of_2(group_size)
     if block_n > max(tiles):
-        return LaunchConfig(1, long_row[0], long_row[1], True)
+        return LaunchConfig(1, long_row[0], long_row[1], True, long_row[2])
     if block_n < min(tiles):
         # Narrow groups: as many rows as the narrowest measured tile holds elements.
-        rows, warps = tiles[min(tiles)]
-        return LaunchConfig(rows * min(tiles) // block_n, block_n, warps, False)
-    rows, warps = tiles[block_n]
-    return LaunchConfig(rows, block_n, warps, False)
+        rows, warps, stages = tiles[min(tiles)]
+        return LaunchConfig(rows * min(tiles) // block_n, block_n, warps, False, stages)
+    rows, warps, stages = tiles[block_n]
+    return LaunchConfig(rows, block_n, warps, False, stages)
 
 
 def forward_config(group_size: int) -> LaunchConfig:

@@ -24,6 +24,18 @@ except ImportError:  # older Triton: always use the normal launch
     driver = None
 
 
+def _hooks_installed() -> bool:
+    """Whether a launch enter/exit hook (a profiler, proton) must see every launch. Triton
+    3.6 keeps an empty ``HookChain`` where older releases keep None: both mean no hook."""
+    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        if hook is None:
+            continue
+        calls = getattr(hook, "calls", None)
+        if calls is None or len(calls) > 0:
+            return True
+    return False
+
+
 def _launchable(compiled) -> bool:
     return all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata"))
 
@@ -38,7 +50,7 @@ class CachedLaunch:
         self.constexpr_values: tuple | None = None
 
     def __call__(self, grid: tuple, args: tuple, pointers: tuple[torch.Tensor, ...]) -> None:
-        if knobs is None or knobs.runtime.launch_enter_hook is not None:
+        if knobs is None or _hooks_installed():
             self.kernel[grid](*args, **self.meta)
             return
         key = tuple(t.data_ptr() % 16 == 0 for t in pointers)

@@ -96,7 +96,7 @@ def forward_long_row_kernel(
     BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
     NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
-    STORE_RSTD: tl.constexpr,
+    STORE_RSTD: tl.constexpr, LOOP_STAGES: tl.constexpr,
 ):
     """One group longer than a register tile, in two passes of BLOCK_N chunks.
 
@@ -117,7 +117,7 @@ def forward_long_row_kernel(
     y_row = tl.multiple_of(y_row + group_offset, ROW_ALIGN)
 
     sum_square = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(0, group_size, BLOCK_N):
+    for start in tl.range(0, group_size, BLOCK_N, num_stages=LOOP_STAGES):
         col_mask = start + cols < group_size
         x = tl.load(X + x_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
         h = x
@@ -128,7 +128,7 @@ def forward_long_row_kernel(
         sum_square += h * h
     rstd = 1.0 / tl.sqrt(tl.sum(sum_square, axis=0) / group_size + eps)
 
-    for start in range(0, group_size, BLOCK_N):
+    for start in tl.range(0, group_size, BLOCK_N, num_stages=LOOP_STAGES):
         col_mask = start + cols < group_size
         x = tl.load(X + x_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
         g = tl.load(GATE + g_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)

@@ -74,7 +74,7 @@ def _meta(layout: RowLayout, config, x_dtype: torch.dtype, weight, zero_centered
           activation: str, norm_before_gate: bool, rounding: str) -> dict:
     return dict(
         LEADING_DIMS=layout.leading_dims, ROW_ALIGN=layout.row_align,
-        BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n,
+        BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n, LOOP_STAGES=config.loop_stages,
         HAS_WEIGHT=weight is not None, ZERO_CENTERED=zero_centered_gamma,
         ACTIVATION=ACTIVATION_FLAG[activation], NORM_BEFORE_GATE=norm_before_gate,
         ROUNDING=ROUNDING_FLAG[rounding],
@@ -122,6 +122,8 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
         meta = _meta(layout, config, x.dtype, weight, zero_centered_gamma, activation,
                      norm_before_gate, rounding)
         meta["STORE_RSTD"] = store_rstd
+        if not config.long_row:
+            del meta["LOOP_STAGES"]  # the forward tile kernel has no loop
         return _Plan(
             kernel=kernel,
             grid=(triton.cdiv(layout.rows, config.block_rows) * num_groups,),
