@@ -84,16 +84,20 @@ def main() -> None:
     plan_args = (x, gate, weight, y, y, *plan.layout_args, 1e-6)
     steps["triton launch (kernel[grid])"] = lambda: plan.kernel[plan.grid](*plan_args,
                                                                           **plan.meta)
-    pointers = plan_args[:5]
-    steps["CachedLaunch (relaunch path)"] = lambda: plan.cached_launch(plan.grid, plan_args,
-                                                                       pointers)
+    tensors, scalars = plan_args[:5], plan_args[5:]
+    steps["CachedLaunch (relaunch path)"] = lambda: plan.cached_launch(plan.grid, tensors,
+                                                                       scalars)
     compiled = next(iter(plan.cached_launch.compiled.values()), None)
     if compiled is not None:
         constexprs = plan.cached_launch.constexpr_values
         stream = torch.cuda.current_stream().cuda_stream
-        steps["compiled.run (Triton's C launcher)"] = lambda: compiled.run(
+        addresses = tuple(t.data_ptr() for t in tensors)
+        steps["compiled.run, pointers as ints"] = lambda: compiled.run(
             plan.grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None,
-            None, None, *plan_args, *constexprs)
+            None, None, *addresses, *scalars, *constexprs)
+        steps["compiled.run, pointers as tensors"] = lambda: compiled.run(
+            plan.grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None,
+            None, None, *tensors, *scalars, *constexprs)
         steps["driver.active.get_current_stream"] = (
             lambda: driver.active.get_current_stream(0))
     results = {}

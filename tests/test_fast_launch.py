@@ -52,25 +52,26 @@ def test_second_call_relaunches_the_compiled_kernel_with_every_parameter_in_orde
     kernel = FakeKernel()
     launch = fast_launch.CachedLaunch(kernel, {"FLAG": True, "BLOCK": 16, "num_warps": 4})
     x, y = _tensors()
-    launch((3, 2), (x, y, 8), (x, y))
+    launch((3, 2), (x, y), (8,))
     assert len(kernel.calls) == 1
     compiled = launch.compiled[(True, True)]
-    launch((5, 2), (x, y, 9), (x, y))
+    launch((5, 2), (x, y), (9,))
     assert len(kernel.calls) == 1, "the second call must not go through kernel[grid]"
     (call,) = compiled.runs
     # CPU tensors have no device index; the stand-in driver is asked for stream None.
     assert call[:9] == (5, 2, 1, "streamNone", "function-handle", "packed", None, None, None)
-    # Runtime args, then the constexprs in the kernel's parameter order (num_warps is an option).
-    assert call[9:] == (x, y, 9, 16, True)
+    # Pointers as addresses, the scalars, then the constexprs in the kernel's parameter order
+    # (num_warps is an option, not a parameter).
+    assert call[9:] == (x.data_ptr(), y.data_ptr(), 9, 16, True)
 
 
 def test_a_new_pointer_alignment_compiles_a_new_variant(fake_driver):
     kernel = FakeKernel()
     launch = fast_launch.CachedLaunch(kernel, {"BLOCK": 16, "FLAG": False})
     x, y = _tensors()
-    launch((1,), (x, y, 8), (x, y))
+    launch((1,), (x, y), (8,))
     unaligned, _ = _tensors(offset_elements=1)
-    launch((1,), (unaligned, y, 8), (unaligned, y))
+    launch((1,), (unaligned, y), (8,))
     assert len(kernel.calls) == 2
     assert set(launch.compiled) == {(True, True), (False, True)}
 
@@ -80,7 +81,7 @@ def test_interpreted_kernels_are_never_cached(fake_driver):
     launch = fast_launch.CachedLaunch(kernel, {"BLOCK": 16, "FLAG": False})
     x, y = _tensors()
     for _ in range(3):
-        launch((1,), (x, y, 8), (x, y))
+        launch((1,), (x, y), (8,))
     assert len(kernel.calls) == 3
     assert not launch.compiled
 
@@ -102,7 +103,7 @@ def test_a_launch_hook_forces_the_normal_path(fake_driver, monkeypatch, hooks):
     launch = fast_launch.CachedLaunch(kernel, {"BLOCK": 16, "FLAG": False})
     x, y = _tensors()
     for _ in range(2):
-        launch((1,), (x, y, 8), (x, y))
+        launch((1,), (x, y), (8,))
     assert len(kernel.calls) == 2
 
 
@@ -114,7 +115,7 @@ def test_no_hook_installed_takes_the_relaunch_path(fake_driver, monkeypatch, emp
     launch = fast_launch.CachedLaunch(kernel, {"BLOCK": 16, "FLAG": False})
     x, y = _tensors()
     for _ in range(3):
-        launch((1,), (x, y, 8), (x, y))
+        launch((1,), (x, y), (8,))
     assert len(kernel.calls) == 1
 
 

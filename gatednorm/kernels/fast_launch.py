@@ -49,20 +49,26 @@ class CachedLaunch:
         self.compiled: dict[tuple, object] = {}
         self.constexpr_values: tuple | None = None
 
-    def __call__(self, grid: tuple, args: tuple, pointers: tuple[torch.Tensor, ...]) -> None:
+    def __call__(self, grid: tuple, tensors: tuple[torch.Tensor, ...], scalars: tuple) -> None:
+        """Launch over ``grid`` with the kernel's leading pointer parameters ``tensors`` and
+        its remaining runtime parameters ``scalars`` (constexprs come from ``meta``)."""
         if knobs is None or _hooks_installed():
-            self.kernel[grid](*args, **self.meta)
+            self.kernel[grid](*tensors, *scalars, **self.meta)
             return
-        key = tuple(t.data_ptr() % 16 == 0 for t in pointers)
+        addresses = tuple(t.data_ptr() for t in tensors)
+        key = tuple(address % 16 == 0 for address in addresses)
         compiled = self.compiled.get(key)
         if compiled is None:
-            compiled = self.kernel[grid](*args, **self.meta)
+            compiled = self.kernel[grid](*tensors, *scalars, **self.meta)
             if compiled is not None and _launchable(compiled):
                 # The launcher takes every kernel parameter in order, constexprs included.
-                names = self.kernel.arg_names[len(args):]
+                names = self.kernel.arg_names[len(tensors) + len(scalars):]
                 self.constexpr_values = tuple(self.meta[name] for name in names)
                 self.compiled[key] = compiled
             return
-        stream = driver.active.get_current_stream(pointers[0].device.index)
+        stream = driver.active.get_current_stream(tensors[0].device.index)
+        # Addresses as ints: the launcher then skips its per-pointer data_ptr() call and
+        # cuPointerGetAttribute check, which validation has already made (same CUDA device).
         compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, compiled.function,
-                     compiled.packed_metadata, None, None, None, *args, *self.constexpr_values)
+                     compiled.packed_metadata, None, None, None, *addresses, *scalars,
+                     *self.constexpr_values)
