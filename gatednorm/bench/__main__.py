@@ -1,6 +1,6 @@
 """python -m gatednorm.bench: check and time gatednorm against its peers; JSON, table and plot.
 
-    python -m gatednorm.bench                       # full run, about 6 minutes on an H200
+    python -m gatednorm.bench                       # full run (its bf16 cases: 6.5 min on an H200)
     python -m gatednorm.bench --quick               # a third of the cases, fewer repetitions
     python -m gatednorm.bench --smoke --out s.json  # tiny shapes, every code path, runs on CPU
     python -m gatednorm.bench --cases head128,decode --providers gatednorm,fla --fresh-cache
