@@ -7,7 +7,7 @@ were chosen on an H200 (docs/perf-notes.md has the measurements behind them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -29,6 +29,10 @@ BACKWARD_TILES = {
 # Long rows: (block_n, num_warps, loop_stages) of the looped kernels.
 FORWARD_LONG_ROW = (4096, 16, 1)
 BACKWARD_LONG_ROW = (4096, 8, 3)
+# Shared memory a block may use when the device cannot be asked (H100 and H200: 227 KB), and
+# what to leave beside the prefetch buffers for the kernels' reductions.
+DEFAULT_SHARED_MEMORY_BYTES = 232448
+SHARED_MEMORY_RESERVE = 16384
 # The backward splits rows into about this many (chunk, group) programs. A constant, not the
 # SM count: the partition, and so dweight's rounding, must not depend on the GPU.
 BACKWARD_TARGET_PROGRAMS = 1056
@@ -70,6 +74,21 @@ def forward_config(group_size: int) -> LaunchConfig:
 def backward_config(group_size: int) -> LaunchConfig:
     """Backward tile for one group size."""
     return _tile_config(group_size, BACKWARD_TILES, BACKWARD_LONG_ROW)
+
+
+def fit_shared_memory(config: LaunchConfig, loaded_bytes_per_element: int,
+                      shared_memory_bytes: int) -> LaunchConfig:
+    """``config``, or the same without prefetching (loop_stages 1) when its prefetch buffers
+    would not fit the device's shared memory: (loop_stages - 1) tiles of everything the loop
+    loads (``loaded_bytes_per_element`` summed over those tensors), for each of the long-row
+    kernel's two loops. The table was tuned on 16-bit inputs; fp32 inputs double the buffers,
+    and a kernel over the limit would fail to launch. Prefetching changes no result."""
+    loops = 2 if config.long_row else 1
+    prefetch_bytes = ((config.loop_stages - 1) * config.block_rows * config.block_n
+                      * loaded_bytes_per_element * loops)
+    if config.loop_stages > 1 and prefetch_bytes + SHARED_MEMORY_RESERVE > shared_memory_bytes:
+        return replace(config, loop_stages=1)
+    return config
 
 
 def backward_chunking(rows: int, num_groups: int, block_rows: int) -> tuple[int, int]:

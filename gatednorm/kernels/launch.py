@@ -8,6 +8,7 @@ higher-order-op dispatch on every call.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,9 @@ from gatednorm.kernels.backward import (
 from gatednorm.kernels.config import (
     BACKWARD_TARGET_PROGRAMS,
     backward_chunking,
+    DEFAULT_SHARED_MEMORY_BYTES,
     backward_config,
+    fit_shared_memory,
     forward_config,
 )
 from gatednorm.kernels.fast_launch import CachedLaunch
@@ -90,6 +93,16 @@ def _layout_args(layout: RowLayout) -> tuple:
     for strides in layout.strides:
         args.extend(strides)
     return tuple(args)
+
+
+@functools.cache
+def shared_memory_bytes(device: torch.device) -> int:
+    """Shared memory one block may opt into on ``device``."""
+    if device.type != "cuda":
+        return DEFAULT_SHARED_MEMORY_BYTES
+    properties = torch.cuda.get_device_properties(device)
+    return int(getattr(properties, "shared_memory_per_block_optin", 0)
+               or DEFAULT_SHARED_MEMORY_BYTES)
 
 
 def _row_layout_of(inputs: list[torch.Tensor], outputs: list[torch.Tensor], group_size: int):
@@ -177,6 +190,10 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
     def build() -> _Plan:
         layout, copies = _row_layout_of([x, gate, dy], [dx, dgate], group_size)
         config = backward_config(group_size)
+        # The long-row kernel loads the weight inside its loops, the tile kernel once before.
+        loaded = [x, gate, dy] + ([weight] if weight is not None and config.long_row else [])
+        config = fit_shared_memory(config, sum(t.element_size() for t in loaded),
+                                   shared_memory_bytes(x.device))
         rows_per_chunk, num_chunks = backward_chunking(layout.rows, num_groups,
                                                        config.block_rows)
         kernel = backward_long_row_kernel if config.long_row else backward_tile_kernel

@@ -19,6 +19,7 @@ from .helpers import (
     BF16,
     DTYPES,
     FP16,
+    FP32,
     OPTION_SPACE,
     REALISTIC_CASES,
     Case,
@@ -93,6 +94,15 @@ def test_odd_shapes(d, rows, options, report, request):
     columns, 16 x 128 tiles, one-row 8192-wide tiles, a 2 x 16384 forward tile with the looped
     backward, and the looped kernels both ways."""
     check(Case(f"odd-{rows}x{d}", (rows, d), options), report, request.node.nodeid)
+
+
+@pytest.mark.parametrize("d", (5000, 9000, 20000), ids=(
+    "d5000-one-row-tiles", "d9000-wide-tile-long-row-backward", "d20000-long-rows"))
+def test_fp32_wide_rows(d, report, request):
+    """fp32 x, gate and weight double the backward's prefetch buffers: the widest tiles and
+    the long-row loops must still launch (gatednorm.kernels.config.fit_shared_memory)."""
+    check(Case(f"fp32-odd-64x{d}", (64, d), Options("fp32", weight="fp32"), FP32), report,
+          request.node.nodeid)
 
 
 @pytest.mark.parametrize("shape,group_size", (

@@ -1,0 +1,49 @@
+"""The launch table: which configuration each group size and dtype gets (no GPU needed)."""
+
+import pytest
+import triton
+
+from gatednorm.kernels import config
+
+H200_SHARED_MEMORY = 232448
+GROUP_SIZES = [3, 64, 96, 128, 640, 1024, 2048, 4096, 5000, 8192, 9000, 16384, 20000, 65536]
+
+
+def _prefetch_bytes(launch, loaded_bytes_per_element):
+    loops = 2 if launch.long_row else 1
+    return ((launch.loop_stages - 1) * launch.block_rows * launch.block_n
+            * loaded_bytes_per_element * loops)
+
+
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+def test_16_bit_inputs_keep_the_tuned_prefetch_depth_on_an_h200(group_size):
+    tuned = config.backward_config(group_size)
+    # x, gate, dy in bf16, and a bf16 weight that the long-row kernel loads in its loops.
+    loaded = 2 * 3 + (2 if tuned.long_row else 0)
+    assert config.fit_shared_memory(tuned, loaded, H200_SHARED_MEMORY) == tuned
+
+
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+@pytest.mark.parametrize("loaded", [6, 8, 12, 16], ids=["bf16", "bf16+w", "fp32", "fp32+w"])
+@pytest.mark.parametrize("shared_memory", [H200_SHARED_MEMORY, 101376, 49152],
+                         ids=["h200", "consumer-99KB", "48KB"])
+def test_prefetch_buffers_always_fit_or_prefetch_is_dropped(group_size, loaded, shared_memory):
+    fitted = config.fit_shared_memory(config.backward_config(group_size), loaded, shared_memory)
+    assert (fitted.loop_stages == 1
+            or _prefetch_bytes(fitted, loaded) + config.SHARED_MEMORY_RESERVE <= shared_memory)
+
+
+def test_fp32_long_rows_with_an_fp32_weight_drop_prefetching_on_an_h200():
+    long_row = config.backward_config(20000)
+    assert long_row.long_row and long_row.loop_stages > 1
+    assert config.fit_shared_memory(long_row, 16, H200_SHARED_MEMORY).loop_stages == 1
+
+
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+def test_tiles_cover_the_group(group_size):
+    for launch in (config.forward_config(group_size), config.backward_config(group_size)):
+        if launch.long_row:
+            assert launch.block_rows == 1 and group_size > launch.block_n
+        else:
+            assert launch.block_n == triton.next_power_of_2(group_size)
+        assert launch.loop_stages >= 1
