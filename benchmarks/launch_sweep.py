@@ -21,7 +21,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import triton
@@ -162,6 +162,7 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
         launch.forward_config = config_module.forward_config
 
     if "bwd" in passes:
+        saved_target = config_module.BACKWARD_TARGET_PROGRAMS
         launch._PLANS.clear()
         _, rstd = launch.forward(x, gate, weight, eps=1e-6, **common)
         for config in backward_candidates(shape, stages):
@@ -178,14 +179,14 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                 except Exception as error:
                     print("bwd failed", shape.name, config, repr(error)[:300], flush=True)
                     continue
-                record("bwd", config, target, ms, kernel, 10)
+                # fit_shared_memory may have dropped the prefetch: record what ran.
+                plan = next(p for key, p in launch._PLANS.items() if key[0] == "bwd")
+                ran = replace(config, loop_stages=plan.meta["LOOP_STAGES"])
+                record("bwd", ran, target, ms, kernel, 10)
             forget_compiled(kernel)
         launch.backward_config = config_module.backward_config
-        config_module.BACKWARD_TARGET_PROGRAMS = SAVED_TARGET
+        config_module.BACKWARD_TARGET_PROGRAMS = saved_target
     return records
-
-
-SAVED_TARGET = config_module.BACKWARD_TARGET_PROGRAMS
 
 
 def main() -> None:
