@@ -12,15 +12,9 @@ from __future__ import annotations
 import json
 import sys
 
+from gatednorm.bench.report import index_records
+
 PEERS = ("hf-compile", "fla", "fla-mamba", "hf-eager", "megatron-eager")
-
-
-def _index(records):
-    table = {}
-    for record in records:
-        key = (record["provider"], record["case"], record["pass"], record.get("mode"))
-        table[key] = record
-    return table
 
 
 def _ok(record):
@@ -28,17 +22,17 @@ def _ok(record):
 
 
 def training_table(result) -> list[str]:
-    table = _index(result["records"])
+    table = index_records(result["records"])
     cases = [c["case"] for c in result["cases"] if c["family"] != "decode"]
     lines = ["| case | fwd | bwd | fwd+bwd | " + " | ".join(f"{p} fwd+bwd" for p in PEERS) + " |",
              "| --- " * (4 + len(PEERS)) + "|"]
     for case in cases:
-        ours = {p: table.get(("gatednorm", case, p, None)) for p in ("fwd", "bwd", "fwd+bwd")}
+        ours = {p: table.get((case, p, None, "gatednorm")) for p in ("fwd", "bwd", "fwd+bwd")}
         if not all(_ok(r) for r in ours.values()):
             continue
         cells = [f"{r['median_ms']:.3f} ms, {r['frac_copy'] * 100:.0f} %" for r in ours.values()]
         for peer in PEERS:
-            other = table.get((peer, case, "fwd+bwd", None))
+            other = table.get((case, "fwd+bwd", None, peer))
             cells.append(f"{other['median_ms'] / ours['fwd+bwd']['median_ms']:.2f}x"
                          if _ok(other) else "n/a")
         lines.append(f"| {case} | " + " | ".join(cells) + " |")
@@ -46,7 +40,7 @@ def training_table(result) -> list[str]:
 
 
 def decode_table(result) -> list[str]:
-    table = _index(result["records"])
+    table = index_records(result["records"])
     cases = [c["case"] for c in result["cases"] if c["family"] == "decode"]
     providers = ("gatednorm",) + PEERS
     lines = ["| case | " + " | ".join(f"{p} eager / graph (us)" for p in providers) + " |",
@@ -54,8 +48,8 @@ def decode_table(result) -> list[str]:
     for case in cases:
         cells = []
         for provider in providers:
-            eager = table.get((provider, case, "fwd", "eager"))
-            graph = table.get((provider, case, "fwd", "graph"))
+            eager = table.get((case, "fwd", "eager", provider))
+            graph = table.get((case, "fwd", "graph", provider))
             if not (_ok(eager) and _ok(graph)):
                 cells.append("n/a")
                 continue

@@ -6,6 +6,8 @@ with a reason instead of comparing the eager reference with itself.
 """
 
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -271,3 +273,13 @@ def make_inputs(shape, dtype, *, gate_dtype=None, weight_dtype=None, has_weight=
 
 def rows_of(shape) -> int:
     return math.prod(shape[:-1])
+
+
+def run_interpreted(source: str, timeout_s: int = 300) -> str:
+    """Run ``source`` in a fresh Python with TRITON_INTERPRET=1 (for tests whose process has
+    already imported the kernels another way); asserts it exits 0 and returns its stdout."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, "-c", source], env=env, capture_output=True,
+                            text=True, timeout=timeout_s)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout

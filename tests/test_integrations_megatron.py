@@ -9,9 +9,6 @@ backward; the Triton kernels are checked through the interpreter in a subprocess
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 import types
 
@@ -20,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import run_interpreted
 from gatednorm import ops
 from gatednorm.integrations.megatron import MegatronGatedRMSNorm, gdn_gated_norm
 
@@ -280,8 +278,4 @@ INTERPRETED_CHECK = textwrap.dedent("""
 
 
 def test_kernels_match_unfused_interpreted():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-c", INTERPRETED_CHECK], env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "interpreted kernels match" in result.stdout
+    assert "interpreted kernels match" in run_interpreted(INTERPRETED_CHECK)

@@ -17,9 +17,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
-import os
-import subprocess
-import sys
 import textwrap
 import warnings
 from typing import Callable
@@ -30,6 +27,7 @@ from torch import nn
 
 transformers = pytest.importorskip("transformers")
 
+from conftest import run_interpreted  # noqa: E402
 from gatednorm import RMSNormGated, ops  # noqa: E402
 from gatednorm.integrations import convert  # noqa: E402
 from gatednorm.integrations import transformers as gn_transformers  # noqa: E402
@@ -751,8 +749,4 @@ INTERPRETED_CHECK = textwrap.dedent("""
 
 
 def test_kernels_match_sources_interpreted():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-c", INTERPRETED_CHECK], env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "interpreted kernels match" in result.stdout
+    assert "interpreted kernels match" in run_interpreted(INTERPRETED_CHECK)

@@ -40,7 +40,8 @@ def write_json(path: Path, result: dict) -> None:
     path.write_text(json.dumps(_finite(result), indent=1, allow_nan=False) + "\n")
 
 
-def _index(records: Iterable[dict]) -> dict:
+def index_records(records: Iterable[dict]) -> dict:
+    """Records by (case, pass, mode, provider); mode is None outside decode."""
     return {(r["case"], r["pass"], r.get("mode"), r["provider"]): r for r in records}
 
 
@@ -80,7 +81,7 @@ def _peer_cell(peer: dict | None, subject: dict | None, decode: bool) -> str:
 
 
 def _table(records: list[dict], providers: list[str], decode: bool) -> list[str]:
-    index = _index(records)
+    index = index_records(records)
     keys = _row_keys(records, decode)
     if not keys:
         return []
@@ -165,7 +166,7 @@ def plot(result: dict, path: Path) -> str | None:
     cases = list(dict.fromkeys(r["case"] for r in records))
     if not cases:
         return "no plot: no training-size records"
-    index = _index(records)
+    index = index_records(records)
     providers = [p["name"] for p in result["providers"]]
     figure, axes = plt.subplots(2, 1, figsize=(max(10, 0.32 * len(cases) + 3), 10), sharex=True)
     for ax, pass_ in zip(axes, ("fwd", "fwd+bwd")):
