@@ -88,6 +88,15 @@ FORWARD_LONG_ROWS = [(2048, 8), (4096, 8), (4096, 16)]
 BACKWARD_LONG_ROWS = [(2048, 8), (4096, 8), (4096, 16), (8192, 16), (8192, 32)]
 
 
+def parse_tiles(text: str) -> dict[int, list[tuple[int, int]]]:
+    """``"128=4x1,8x1;1024=1x2"`` -> {128: [(4, 1), (8, 1)], 1024: [(1, 2)]} (rows x warps)."""
+    tiles = {}
+    for part in filter(None, text.split(";")):
+        width, candidates = part.split("=")
+        tiles[int(width)] = [tuple(int(v) for v in c.split("x")) for c in candidates.split(",")]
+    return tiles
+
+
 def forward_candidates(shape: Shape, stages) -> list[LaunchConfig]:
     block_n = triton.next_power_of_2(shape.group_size)
     if block_n > max(FORWARD_TILES):
@@ -196,9 +205,15 @@ def main() -> None:
     parser.add_argument("--stages", default="1,2,3", help="loop pipelining depths to try")
     parser.add_argument("--targets", default="1056,4224",
                         help="backward program counts (BACKWARD_TARGET_PROGRAMS) to try")
+    parser.add_argument("--forward-tiles", default="",
+                        help='replace candidates per tile width, e.g. "128=16x4,8x2;1024=1x2"')
+    parser.add_argument("--backward-tiles", default="",
+                        help='replace candidates per tile width, e.g. "128=4x1,8x1"')
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."),
                                                       "launch-sweep.json"))
     args = parser.parse_args()
+    FORWARD_TILES.update(parse_tiles(args.forward_tiles))
+    BACKWARD_TILES.update(parse_tiles(args.backward_tiles))
     passes = args.passes.split(",")
     source = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
     target = torch.empty_like(source)

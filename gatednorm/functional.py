@@ -5,7 +5,12 @@ from __future__ import annotations
 import torch
 
 from gatednorm import ops, reference
-from gatednorm.validation import check_group_size, check_options, check_tensors
+from gatednorm.validation import (
+    check_group_size,
+    check_kernel_rows,
+    check_options,
+    check_tensors,
+)
 
 
 def _runs_fused(x: torch.Tensor) -> bool:
@@ -64,6 +69,7 @@ def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | N
             activation=activation, norm_before_gate=norm_before_gate, group_size=group,
             rounding=rounding)
 
+    check_kernel_rows(x)
     # The kernels need a unit-stride last dim; every other stride is handled in place.
     if x.stride(-1) != 1:
         x = x.contiguous()

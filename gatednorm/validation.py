@@ -49,6 +49,19 @@ def check_group_size(group_size, hidden_size: int) -> int:
     return int(group_size)
 
 
+# The kernels split a row index into its leading-dim coordinates in 32-bit integers.
+MAX_KERNEL_ROWS = 2**31 - 1
+
+
+def check_kernel_rows(x: torch.Tensor) -> None:
+    """The fused kernels take at most MAX_KERNEL_ROWS rows (x.numel() / D)."""
+    rows = x.numel() // x.shape[-1]
+    if rows > MAX_KERNEL_ROWS:
+        raise ValueError(
+            f"x must have at most {MAX_KERNEL_ROWS} rows (2**31 - 1, the product of its leading "
+            f"dims) for the fused kernels, got {rows} for shape {tuple(x.shape)}")
+
+
 def check_tensors(x, gate, weight, zero_centered_gamma: bool) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")

@@ -156,6 +156,26 @@ def test_fp16_inputs_whose_squares_overflow_fp16(rounding, norm_before_gate):
     assert_matches_composite(kernel, eager, torch.float16)
 
 
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("norm_before_gate", [True, False], ids=["norm_first", "gate_first"])
+def test_saturated_gates(activation, rounding, norm_before_gate):
+    # |gate| up to 100: exp(-gate) overflows fp32 below -88.7 and 1 + exp(-gate) passes 2**126
+    # below -87.3; the activation saturates to 0 (or gate) and nothing may become NaN.
+    shape = (24, 64)
+    special = torch.tensor([-100.0, -88.5, -87.6, -87.4, -87.0, -60.0, -20.0, 0.0, 20.0, 88.5])
+    gate = torch.cat([special, torch.linspace(-100, 100, 24 * 64 - special.numel())])
+    x, _, weight, dy = make_inputs(shape, torch.float16)
+    gate = gate.reshape(shape).half()
+    options = dict(activation=activation, rounding=rounding, norm_before_gate=norm_before_gate)
+    kernel = fused(x, gate, weight, dy, **options)
+    eager = composite(x, gate, weight, dy, **options)
+    truth = fp64_truth(x, gate, weight, dy, **options)
+    assert_finite(kernel)
+    assert_three_way(kernel, eager, truth, shape[0])
+    assert_matches_composite(kernel, eager, torch.float16)
+
+
 def _dy_layouts(shape, dtype):
     rows, d = shape
     return {

@@ -47,3 +47,14 @@ def test_tiles_cover_the_group(group_size):
         else:
             assert launch.block_n == triton.next_power_of_2(group_size)
         assert launch.loop_stages >= 1
+
+
+@pytest.mark.parametrize("group_size", [640, 768, 1000])
+def test_groups_filling_part_of_their_tile_take_the_partial_tile_entry(group_size):
+    block_n = triton.next_power_of_2(group_size)
+    for tuned, partial in ((config.forward_config(group_size), config.FORWARD_PARTIAL_TILES),
+                           (config.backward_config(group_size), config.BACKWARD_PARTIAL_TILES)):
+        rows, warps, stages = partial[block_n]
+        assert (tuned.block_rows, tuned.num_warps, tuned.loop_stages) == (rows, warps, stages)
+    # A full tile of the same width keeps the main table's entry.
+    assert config.forward_config(block_n).block_rows == config.FORWARD_TILES[block_n][0]

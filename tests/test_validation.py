@@ -184,3 +184,23 @@ def test_zero_rows_without_weight():
     x, gate, _, dy = make_inputs((0, 16), torch.float16, has_weight=False)
     result = fused(x, gate, None, dy)
     assert result.y.shape == (0, 16) and result.dx.shape == (0, 16)
+
+
+@pytest.mark.usefixtures("interpreter")
+@pytest.mark.parametrize("leading", [(2**31,), (2**16, 2**15), (3, 2**30)],
+                         ids=["one-dim", "two-dims", "three-times-2^30"])
+def test_more_than_2_31_rows_are_refused_before_any_allocation(leading):
+    # Expanded views: 2**31 rows of 16 elements without the memory behind them. The check
+    # must come before the output (tens of GB here) is allocated.
+    x = torch.randn(1, 16).bfloat16().expand(*leading, 16)
+    gate = torch.randn(1, 16).bfloat16().expand(*leading, 16)
+    rows = math.prod(leading)
+    with pytest.raises(ValueError, match=rf"x must have at most 2147483647 rows .*got {rows}"):
+        gatednorm.rms_norm_gated(x, gate, None)
+
+
+@pytest.mark.usefixtures("interpreter")
+def test_2_31_minus_1_rows_pass_the_row_check():
+    from gatednorm.validation import MAX_KERNEL_ROWS, check_kernel_rows
+
+    check_kernel_rows(torch.empty(1, 16).expand(MAX_KERNEL_ROWS, 16))

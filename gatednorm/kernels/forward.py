@@ -52,7 +52,8 @@ def forward_tile_kernel(
     pid = tl.program_id(0)
     group = pid % num_groups
     row_block = pid // num_groups
-    rows_idx = row_block * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)  # [BLOCK_ROWS]
+    # int64: near 2**31 rows, the last block's indices would wrap in int32 and pass the mask.
+    rows_idx = row_block.to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)  # [BLOCK_ROWS]
     cols = tl.arange(0, BLOCK_N)  # [BLOCK_N]
     row_mask = rows_idx < rows
     col_mask = cols < group_size

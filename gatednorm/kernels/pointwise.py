@@ -12,8 +12,25 @@ ROUNDING 0 = "te", 1 = "fp32", 2 = "hf". They stay plain integers: module-level 
 aliases used inside kernels break Inductor's tracing of user kernels.
 """
 
+import os
+
 import triton
 import triton.language as tl
+
+
+if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    @triton.jit
+    def reciprocal(t):
+        """1 / t. The interpreter has no PTX; it divides exactly."""
+        return 1.0 / t
+else:
+    @triton.jit
+    def reciprocal(t):
+        """1 / t by the hardware's approximate reciprocal, flush-to-zero (rcp.approx.ftz,
+        at most 1 ulp from the quotient). Triton's `/` adds a range fix-up for |t| > 2**126,
+        five instructions an element, that matters only where the result is subnormal."""
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [t],
+                                         dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -34,11 +51,17 @@ def load_gamma(W, offsets, mask, HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.con
 
 @triton.jit
 def activation_and_slope(g, ACTIVATION: tl.constexpr):
-    """act(g) and act'(g). SiLU is written as g / (1 + exp(-g)), as PyTorch computes it."""
-    denominator = 1.0 + tl.exp(-g)
-    sig = 1.0 / denominator
+    """act(g) and act'(g). SiLU is written as g / (1 + exp(-g)), as PyTorch computes it.
+
+    exp(-g) is exp2(g * -log2(e)): the product is the one tl.exp forms (negation is exact),
+    and exp2 lowers to the flush-to-zero ex2 without tl.exp's subnormal-result fix-up
+    (four instructions an element); a subnormal exp(-g) only ever meets 1.0 + it, which
+    rounds to 1.0 either way.
+    """
+    denominator = 1.0 + tl.exp2(g * -1.4426950408889634)
+    sig = reciprocal(denominator)
     if ACTIVATION == 0:
-        act = g / denominator
+        act = g * sig
         slope = sig * (1.0 + g * (1.0 - sig))
     else:
         act = sig
@@ -49,15 +72,24 @@ def activation_and_slope(g, ACTIVATION: tl.constexpr):
 @triton.jit
 def leading_offsets(rows_idx, size1, size2, stride0, stride1, stride2,
                     LEADING_DIMS: tl.constexpr):
-    """Element offset of each row, for up to three collapsed leading dims (int64)."""
-    r = rows_idx.to(tl.int64)
+    """Element offset (int64) of each row, for up to three collapsed leading dims.
+
+    The row index is split into its coordinates in int32: an int64 division is a long
+    instruction sequence, and it sits on the address path of every tile (a gate sliced from
+    a projection output has two leading dims). Validation keeps the row count under 2**31, so
+    the narrowing is exact for every row in bounds; rows past the end wrap, but are masked.
+    """
     if LEADING_DIMS == 1:
-        offsets = r * stride2
-    elif LEADING_DIMS == 2:
-        offsets = (r // size2) * stride1 + (r % size2) * stride2
+        offsets = rows_idx.to(tl.int64) * stride2
     else:
+        r = rows_idx.to(tl.int32)
+        inner = (r % size2).to(tl.int64)
         outer = r // size2
-        offsets = (outer // size1) * stride0 + (outer % size1) * stride1 + (r % size2) * stride2
+        if LEADING_DIMS == 2:
+            offsets = outer.to(tl.int64) * stride1 + inner * stride2
+        else:
+            offsets = ((outer // size1).to(tl.int64) * stride0
+                       + (outer % size1).to(tl.int64) * stride1 + inner * stride2)
     return offsets
 
 

@@ -146,6 +146,36 @@ def test_fp16_large_magnitude(options, report, request):
         assert torch.isfinite(tensor).all(), f"{name} is not finite"
 
 
+def saturated_gates(shape, dtype, device):
+    """Gates across the whole range where act saturates: -100..100 in steps, with the values
+    near -87.3 and -88.7 where 1 + exp(-g) passes 2**126 and overflows, and 0."""
+    special = torch.tensor([-100.0, -88.5, -87.6, -87.4, -87.0, -60.0, -20.0, 0.0, 20.0, 88.5,
+                            100.0])
+    ramp = torch.linspace(-100.0, 100.0, math.prod(shape) - special.numel())
+    return torch.cat([special, ramp]).reshape(shape).to(dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("options", (
+    Options("te"),
+    Options("fp32", weight="fp32"),
+    Options("hf", norm_before_gate=False),
+    Options("te", activation="sigmoid", norm_before_gate=False, weight="none"),
+), ids=lambda o: o.id)
+@pytest.mark.parametrize("dtypes", (BF16, FP16), ids=lambda d: d.id)
+def test_saturated_gates(options, dtypes, report, request):
+    """|gate| up to 100: exp(-g) overflows, the activation saturates to 0 or g."""
+    case = Case("saturated-gates", (96, 128), options, dtypes)
+    inputs = make_inputs(case.shape, dtypes, options)
+    inputs.gate.copy_(saturated_gates(case.shape, dtypes.gate, inputs.gate.device))
+    runs = run_three(inputs, options, None, 1e-6)
+    results = measure_runs(runs, dtypes.x, inputs.rows)
+    for record in accuracy_records("accuracy", request.node.nodeid, case, results, inputs):
+        report.add(**record)
+    assert_accurate(results, f"saturated gates {options.id} {dtypes.id}")
+    for name, tensor in runs.kernel.items():
+        assert torch.isfinite(tensor).all(), f"{name} is not finite"
+
+
 # Non-finite values: rows 3 (NaN), 10 (+inf) and 11 (-inf) carry one each; every other row is
 # clean and must stay so (no leak through a shared tile or chunk).
 NONFINITE_ROWS = {3: math.nan, 10: math.inf, 11: -math.inf}
