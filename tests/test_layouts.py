@@ -79,6 +79,23 @@ def test_gate_sliced_from_projection_output(options):
     _assert_same_as_contiguous(x, gate, weight, dy, **options)
 
 
+@pytest.mark.parametrize("heads, d", [(3, 128), (5, 64), (7, 256), (2, 1024), (3, 640)],
+                         ids=lambda v: str(v))
+def test_sliced_gate_whose_row_tiles_cross_token_boundaries(heads, d):
+    # The backward steps its row offsets tile by tile; with a head count that the tile height
+    # does not divide, a tile's rows cross from one token (one projection row) into the next
+    # at a different place in every tile and every chunk.
+    t = 41
+    proj = _projection(t, heads, d, torch.bfloat16)
+    x = torch.randn(t, heads, d).to(torch.bfloat16)
+    gate = proj[:, heads * d:2 * heads * d].view(t, heads, d)
+    weight = (0.2 * torch.randn(d)).to(torch.bfloat16)
+    dy = torch.randn(t, heads, d).to(torch.bfloat16)
+    assert layout.row_layout([x, gate, x], d).leading_dims == 2
+    assert config.backward_config(d).block_rows % heads != 0 or heads == 1
+    _assert_same_as_contiguous(x, gate, weight, dy, rounding="te")
+
+
 def test_gradient_flows_into_the_projection_slices():
     t, h, d = 20, 2, 64
     proj = _projection(t, h, d, torch.float16).requires_grad_()

@@ -1,0 +1,130 @@
+"""Count the SASS instructions of a gatednorm kernel without a GPU.
+
+Compiles the forward or backward tile kernel for sm_90 with the ptxas and nvdisasm that ship
+in Triton's wheel and prints the instruction count by opcode, for the whole kernel or only the
+body of its main loop (``--loop-only``: the backward's per-tile row loop, one iteration). On the
+H200 the backward is issue-bound, and the loop body's count tracked the measured kernel time
+(docs/perf-notes.md, variants 13-14), so a kernel change can be judged here before a GPU run::
+
+    python benchmarks/instruction_count.py --pass bwd --leading-dims 2 --loop-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import tempfile
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile, do not interpret
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from gatednorm.kernels import backward, forward  # noqa: E402
+
+TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def compile_for_sm90(kernel, pointer_types: dict, constexprs: dict, num_warps: int):
+    """Compile ``kernel``: pointers as given, every other runtime argument i32 (fp32 for eps),
+    pointers and group_size specialized as multiples of 16, as the launcher's calls are."""
+    signature, attrs = {}, {}
+    for index, name in enumerate(kernel.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        signature[name] = pointer_types.get(name, "fp32" if name == "eps" else "i32")
+        if signature[name].startswith("*") or name == "group_size":
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    source = ASTSource(kernel, signature, constexprs, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=num_warps))
+
+
+def disassemble(compiled) -> tuple[list[str], str]:
+    """(SASS lines with labels, the resource-usage line) of a compiled kernel."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "kernel.cubin")
+        with open(path, "wb") as handle:
+            handle.write(compiled.asm["cubin"])
+        sass = subprocess.run([os.path.join(TOOLS, "nvdisasm"), "-c", path],
+                              capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "-res-usage", path],
+                               capture_output=True, text=True, check=True).stdout
+    usage_line = " ".join(line.strip() for line in usage.splitlines() if "REG" in line)
+    return sass.splitlines(), usage_line
+
+
+def main_loop(lines: list[str]) -> list[str]:
+    """The longest span from a label to a later branch back to it."""
+    labels = {line.strip().rstrip(":"): i for i, line in enumerate(lines)
+              if line.strip().startswith(".L_x_")}
+    best = None
+    for i, line in enumerate(lines):
+        match = re.search(r"BRA\s+`?\(?(\.L_x_\d+)", line)
+        if match and labels.get(match.group(1), i) < i:
+            start = labels[match.group(1)]
+            if best is None or i - start > best[1] - best[0]:
+                best = (start, i)
+    return lines[best[0]:best[1] + 1] if best else lines
+
+
+def opcode_counts(lines: list[str]) -> collections.Counter:
+    counts = collections.Counter()
+    for line in lines:
+        match = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
+        if match:
+            counts[match.group(2).split(".")[0]] += 1
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="bwd")
+    parser.add_argument("--leading-dims", type=int, default=1, choices=(1, 2, 3),
+                        help="2: a gate sliced from a projection output")
+    parser.add_argument("--block-rows", type=int)
+    parser.add_argument("--block-n", type=int, default=128)
+    parser.add_argument("--warps", type=int)
+    parser.add_argument("--stages", type=int, default=3, help="backward loop pipelining depth")
+    parser.add_argument("--rounding", type=int, default=0, help="0 te, 1 fp32, 2 hf")
+    parser.add_argument("--gate-first", action="store_true")
+    parser.add_argument("--loop-only", action="store_true")
+    parser.add_argument("--dump", help="write the counted SASS lines here")
+    args = parser.parse_args()
+
+    flags = dict(LEADING_DIMS=args.leading_dims, ROW_ALIGN=8, HAS_WEIGHT=True,
+                 ZERO_CENTERED=False, ACTIVATION=0, NORM_BEFORE_GATE=not args.gate_first,
+                 ROUNDING=args.rounding, WEIGHT_PRODUCT_ROUNDED=args.rounding == 2)
+    if args.pass_ == "bwd":
+        pointers = {name: "*bf16" for name in ("X", "GATE", "W", "DY", "DX", "DGATE")}
+        pointers.update(RSTD="*fp32", DW_PARTIAL="*fp32")
+        compiled = compile_for_sm90(
+            backward.backward_tile_kernel, pointers,
+            dict(flags, BLOCK_ROWS=args.block_rows or 4, BLOCK_N=args.block_n,
+                 LOOP_STAGES=args.stages), args.warps or 1)
+    else:
+        pointers = {name: "*bf16" for name in ("X", "GATE", "W", "Y")}
+        pointers.update(RSTD="*fp32")
+        compiled = compile_for_sm90(
+            forward.forward_tile_kernel, pointers,
+            dict(flags, BLOCK_ROWS=args.block_rows or 16, BLOCK_N=args.block_n,
+                 STORE_RSTD=False), args.warps or 4)
+    lines, usage = disassemble(compiled)
+    if args.loop_only:
+        lines = main_loop(lines)
+    counts = opcode_counts(lines)
+    print(usage)
+    print(f"instructions: {sum(counts.values())}" + (" (main loop body)" if args.loop_only else ""))
+    print(", ".join(f"{op} {n}" for op, n in counts.most_common()))
+    if args.dump:
+        with open(args.dump, "w") as handle:
+            handle.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
