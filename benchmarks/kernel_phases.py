@@ -7,7 +7,11 @@ and the backward without a weight (main kernel only), 12 times each with a 512 M
 between; prints and writes the median span of each launch sequence and of each kernel in it.
 It answers "how much of the backward is the dweight reduction" (docs/perf-notes.md).
 """
-import json, sys, statistics
+import datetime
+import json
+import statistics
+import sys
+
 import torch
 from torch.profiler import profile, ProfilerActivity
 from gatednorm.kernels import launch
@@ -89,4 +93,8 @@ for name in names:
         out.append(rec)
         print(f"{name:22s} {key:60s} span {med:8.2f} us parts {['%.2f' % p for p in parts]}", flush=True)
     del x, gate, dy, rstd
-json.dump(out, open(sys.argv[1], "w"), indent=1)
+result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+              date=datetime.date.today().isoformat(),
+              command="python benchmarks/kernel_phases.py " + " ".join(sys.argv[1:]),
+              records=out)
+json.dump(result, open(sys.argv[1], "w"), indent=1)
