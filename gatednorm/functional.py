@@ -48,7 +48,9 @@ def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | N
             ``"hf"`` (transformers eager modules). See ``gatednorm.reference``.
 
     Returns:
-        y with x's shape and dtype, contiguous. All math is fp32. Backward gives dx in x's
+        y with x's shape and dtype, contiguous. All math is fp32; where 1 + exp(-gate)
+        exceeds 2**126 (gate < -87.3) the fused kernels flush the subnormal 1 / (1 + exp(-gate))
+        to zero, so act is 0 there rather than about -1e-36. Backward gives dx in x's
         dtype, dgate in the gate's dtype and dweight in the weight's dtype; dweight is
         accumulated in fp32 over a fixed partition of the rows, so its bits do not depend on
         the run or the GPU.
