@@ -1,0 +1,95 @@
+"""Parse every kernel variant to Triton IR the way Inductor's mutation analysis does.
+
+Run as a script (``python tests/parse_kernels.py KERNEL``) by test_kernel_parse.py: it needs
+TRITON_INTERPRET unset, and the CPU suite sets it. Inductor (torch.compile of a model calling
+gatednorm) re-parses a user kernel to find which arguments it writes, and there an integer
+argument equal to 1 becomes a Python constant, ``do_not_specialize`` or not. Kernel code that
+calls a tensor method on a runtime integer (``size2.to(...)``) then fails to parse, and
+Inductor's fallback breaks the compiled graph; the GPU suite caught one such change. Parsing
+needs no GPU. Prints one line per failing variant; exits 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "0"
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource, make_backend  # noqa: E402
+
+from gatednorm.kernels import backward, forward  # noqa: E402
+
+KERNELS = {
+    "forward_tile": (forward.forward_tile_kernel, dict(BLOCK_ROWS=16, BLOCK_N=128,
+                                                       STORE_RSTD=True)),
+    "forward_long_row": (forward.forward_long_row_kernel, dict(BLOCK_ROWS=1, BLOCK_N=4096,
+                                                               STORE_RSTD=True,
+                                                               LOOP_STAGES=2)),
+    "backward_tile": (backward.backward_tile_kernel, dict(BLOCK_ROWS=4, BLOCK_N=128,
+                                                          LOOP_STAGES=3)),
+    "backward_long_row": (backward.backward_long_row_kernel, dict(BLOCK_ROWS=1, BLOCK_N=4096,
+                                                                  LOOP_STAGES=3)),
+    "dweight_reduce": (backward.dweight_reduce_kernel, dict(BLOCK_CHUNKS=128, BLOCK_COLS=32)),
+}
+POINTERS = {name: "*bf16" for name in ("X", "GATE", "W", "Y", "DY", "DX", "DGATE")}
+POINTERS.update(RSTD="*fp32", DW_PARTIAL="*fp32", PARTIAL="*fp32", OUT="*fp32")
+
+
+def parse(kernel, constexprs: dict, unit_ints: bool) -> None:
+    """Build the kernel's Triton IR for sm_90; with ``unit_ints`` every integer argument is
+    the constant 1, as in Inductor's parse."""
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    options = backend.parse_options({})
+    signature, constants = {}, dict(constexprs)
+    for name in kernel.arg_names:
+        if name in constants:
+            signature[name] = "constexpr"
+        elif name in POINTERS:
+            signature[name] = POINTERS[name]
+        elif name == "eps":
+            signature[name] = "fp32"
+        elif unit_ints:
+            signature[name] = "constexpr"
+            constants[name] = 1
+        else:
+            signature[name] = "i32"
+    context = triton._C.libtriton.ir.context()
+    backend.load_dialects(context)
+    ASTSource(kernel, signature, constants).make_ir(
+        target, options, backend.get_codegen_implementation(options), backend.get_module_map(),
+        context)
+
+
+def variants(kernel_name: str):
+    if kernel_name == "dweight_reduce":
+        yield {}
+        return
+    for leading_dims, norm_before_gate, rounding, has_weight in itertools.product(
+            (1, 2, 3), (True, False), (0, 1, 2), (True, False)):
+        yield dict(LEADING_DIMS=leading_dims, ROW_ALIGN=8, HAS_WEIGHT=has_weight,
+                   ZERO_CENTERED=False, ACTIVATION=0, NORM_BEFORE_GATE=norm_before_gate,
+                   ROUNDING=rounding, WEIGHT_PRODUCT_ROUNDED=has_weight and rounding == 2)
+
+
+def main() -> int:
+    kernel, sizes = KERNELS[sys.argv[1]]
+    failures = 0
+    for flags in variants(sys.argv[1]):
+        for unit_ints in (False, True):
+            try:
+                parse(kernel, dict(flags, **sizes), unit_ints)
+            except Exception as error:  # report every failing variant, not just the first
+                failures += 1
+                lines = [line for line in str(error).splitlines() if "Error" in line]
+                print(f"{sys.argv[1]} {flags} unit_ints={unit_ints}: "
+                      f"{lines[-1].strip() if lines else repr(error)[:300]}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

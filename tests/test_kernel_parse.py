@@ -1,0 +1,27 @@
+"""Every kernel variant parses to Triton IR, also with its integer arguments as constants.
+
+Inductor's parse of user kernels (torch.compile) turns integer arguments equal to 1 into
+Python constants; see tests/parse_kernels.py. No GPU needed, but the parse must run without
+the interpreter, hence a subprocess.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("parse_kernels.py")
+KERNELS = ["forward_tile", "forward_long_row", "backward_tile", "backward_long_row",
+           "dweight_reduce"]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_kernel_parses_with_integer_arguments_as_constants(kernel):
+    env = dict(os.environ, TRITON_INTERPRET="0",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(SCRIPT.parent.parent),
+                                                        os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, str(SCRIPT), kernel], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
