@@ -3,8 +3,9 @@
     python benchmarks/summarize.py benchmarks/results/h200-2026-12-02-bench-v2.json
 
 Prints the training table (gatednorm's time and fraction of the copy bandwidth per pass, and
-each peer's fwd+bwd time over gatednorm's) and the decode table, as used in the README and
-docs/perf-notes.md, so that every figure there can be regenerated from the committed file.
+each peer's fwd+bwd time over gatednorm's), the decode table, and every measurement where a
+peer was faster than gatednorm, as used in the README and docs/perf-notes.md, so that every
+figure there can be regenerated from the committed file.
 """
 
 from __future__ import annotations
@@ -58,6 +59,33 @@ def decode_table(result) -> list[str]:
     return lines
 
 
+def _time(record):
+    """The time a record measured: median_ms, or us_per_call for decode (in ms)."""
+    if record is None or record.get("status") != "ok":
+        return None
+    if record.get("us_per_call") is not None:
+        return record["us_per_call"] / 1000.0
+    return record.get("median_ms")
+
+
+def peers_faster(result) -> list[str]:
+    """One line per (case, pass, mode) where some peer took less time than gatednorm."""
+    table = index_records(result["records"])
+    lines = []
+    for (case, pass_, mode, provider), record in table.items():
+        if provider != "gatednorm" or _time(record) is None:
+            continue
+        ours = _time(record)
+        faster = [f"{peer} {ours / _time(other):.2f}x" for peer in PEERS
+                  if _time(other := table.get((case, pass_, mode, peer))) is not None
+                  and _time(other) < ours]
+        if faster:
+            what = f"{case} {pass_}" + (f" ({mode})" if mode else "")
+            lines.append(f"- {what}: gatednorm {ours * 1000:.1f} us; faster: "
+                         + ", ".join(faster))
+    return lines
+
+
 def main() -> None:
     result = json.load(open(sys.argv[1]))
     print(f"{result['gpu']}, torch {result['torch']}, triton {result['triton']}, "
@@ -65,6 +93,8 @@ def main() -> None:
     print("\n".join(training_table(result)))
     print()
     print("\n".join(decode_table(result)))
+    print("\nPeers faster than gatednorm (their speed over gatednorm's):")
+    print("\n".join(peers_faster(result)) or "- none")
 
 
 if __name__ == "__main__":

@@ -121,3 +121,23 @@ def test_progress_and_table(smoke):
     assert len(progress) == len(cases.smoke_cases())
     assert "records by status" in proc.stdout
     assert "Decode forward" in proc.stdout
+
+
+def test_summary_lists_every_measurement_where_a_peer_was_faster():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import summarize
+
+    def record(case, pass_, provider, ms=None, mode=None, us=None):
+        return {"case": case, "pass": pass_, "provider": provider, "mode": mode,
+                "status": "ok", "median_ms": ms, "us_per_call": us}
+
+    result = dict(records=[
+        record("a", "fwd", "gatednorm", 1.0), record("a", "fwd", "hf-compile", 0.8),
+        record("a", "bwd", "gatednorm", 1.0), record("a", "bwd", "hf-compile", 1.2),
+        record("d", "fwd", "gatednorm", mode="graph", us=2.0),
+        record("d", "fwd", "fla", mode="graph", us=1.0),
+        dict(record("a", "fwd", "fla", 0.5), status="error"),  # a failed peer never counts
+    ])
+    lines = summarize.peers_faster(result)
+    assert lines == ["- a fwd: gatednorm 1000.0 us; faster: hf-compile 1.25x",
+                     "- d fwd (graph): gatednorm 2.0 us; faster: fla 2.00x"]
