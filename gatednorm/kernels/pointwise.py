@@ -14,14 +14,15 @@ aliases used inside kernels break Inductor's tracing of user kernels.
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 
 
-if os.environ.get("TRITON_INTERPRET", "0") == "1":
+if os.environ.get("TRITON_INTERPRET", "0") == "1" or torch.version.hip:
     @triton.jit
     def reciprocal(t):
-        """1 / t. The interpreter has no PTX; it divides exactly."""
+        """1 / t. The interpreter (and a ROCm build) has no PTX; Triton's division."""
         return 1.0 / t
 else:
     @triton.jit
