@@ -16,39 +16,14 @@ import torch
 from torch.profiler import profile, ProfilerActivity
 from gatednorm.kernels import launch
 
+from kernel_cases import CASES, case_inputs
+
 torch.manual_seed(0)
-dev = "cuda"
-CASES = {
-    # name: (leading shape, d, group, norm_before_gate, proj)
-    "gdn4096x32-contig": ((4096, 32), 128, 128, True, False),
-    "gdn8192x32-contig": ((8192, 32), 128, 128, True, False),
-    "gdn8192x32-proj": ((8192, 32), 128, 128, True, True),
-    "gdn65536x32-contig": ((65536, 32), 128, 128, True, False),
-    "gdn65536x32-proj": ((65536, 32), 128, 128, True, True),
-    "mamba2-contig": ((8192,), 5120, 640, False, False),
-    "nemotronh-contig": ((8192,), 8192, 1024, False, False),
-    "d1024": ((49152,), 1024, 1024, True, False),
-    "d4096": ((12288,), 4096, 4096, True, False),
-    "d8192": ((6144,), 8192, 8192, True, False),
-    "d16384": ((3072,), 16384, 16384, True, False),
-}
 names = sys.argv[2].split(",") if len(sys.argv) > 2 else list(CASES)
-flush = torch.empty(512 * 2**20, dtype=torch.uint8, device=dev)
+flush = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
 out = []
 for name in names:
-    lead, d, group, nbg, proj = CASES[name]
-    dt = torch.bfloat16
-    x = torch.randn(*lead, d, device=dev, dtype=dt)
-    if proj:
-        p = torch.randn(*lead[:-1], lead[-1] * 3 * d if len(lead) > 1 else 3 * d, device=dev, dtype=dt)
-        width = lead[-1] * d if len(lead) > 1 else d
-        gate = p[..., width:2 * width].view(x.shape)
-    else:
-        gate = torch.randn_like(x)
-    w = torch.randn(d, device=dev, dtype=dt)
-    dy = torch.randn_like(x)
-    common = dict(zero_centered_gamma=False, activation="silu", norm_before_gate=nbg,
-                  group_size=group, rounding="te", traceable=False)
+    x, gate, w, dy, common = case_inputs(name)
     _, rstd = launch.forward(x, gate, w, eps=1e-6, **common)
     for weight in (w, None):
         launch.backward(dy, x, gate, weight, rstd, **common)

@@ -8,29 +8,14 @@
 (the third launch is profiled: the first two compile and warm up).
 """
 import sys
+
 import torch
+
 from gatednorm.kernels import launch
+from kernel_cases import case_inputs
+
 case, passes = sys.argv[1], sys.argv[2]
-CASES = {
-    "gdn8192x32-contig": ((8192, 32), 128, 128, True, False),
-    "gdn8192x32-proj": ((8192, 32), 128, 128, True, True),
-    "mamba2": ((8192,), 5120, 640, False, False),
-    "nemotronh": ((8192,), 8192, 1024, False, False),
-    "d96": ((524288,), 96, 96, True, False),
-    "d4096": ((12288,), 4096, 4096, True, False),
-}
-lead, d, group, nbg, proj = CASES[case]
-dt = torch.bfloat16
-x = torch.randn(*lead, d, device="cuda", dtype=dt)
-if proj:
-    p = torch.randn(lead[0], 3 * lead[1] * d, device="cuda", dtype=dt)
-    gate = p[:, lead[1] * d:2 * lead[1] * d].view(x.shape)
-else:
-    gate = torch.randn_like(x)
-w = torch.randn(d, device="cuda", dtype=dt)
-dy = torch.randn_like(x)
-common = dict(zero_centered_gamma=False, activation="silu", norm_before_gate=nbg,
-              group_size=group, rounding="te", traceable=False)
+x, gate, w, dy, common = case_inputs(case)
 _, rstd = launch.forward(x, gate, w, eps=1e-6, **common)
 for _ in range(3):
     if "fwd" in passes:

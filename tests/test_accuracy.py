@@ -134,6 +134,16 @@ def test_eps_variety(eps, dtype, norm_before_gate):
     assert_matches_composite(kernel, eager, dtype)
 
 
+def _assert_fp16_accurate(x, gate, weight, dy, **options):
+    """fp16 inputs: finite, within the three-way rule of fp64, and the composite's bits."""
+    kernel = fused(x, gate, weight, dy, **options)
+    eager = composite(x, gate, weight, dy, **options)
+    truth = fp64_truth(x, gate, weight, dy, **options)
+    assert_finite(kernel)
+    assert_three_way(kernel, eager, truth, rows_of(x.shape))
+    assert_matches_composite(kernel, eager, torch.float16)
+
+
 @pytest.mark.parametrize("rounding", ROUNDINGS)
 @pytest.mark.parametrize("norm_before_gate", [True, False], ids=["norm_first", "gate_first"])
 def test_fp16_inputs_whose_squares_overflow_fp16(rounding, norm_before_gate):
@@ -148,12 +158,7 @@ def test_fp16_inputs_whose_squares_overflow_fp16(rounding, norm_before_gate):
     dy = torch.randn(shape).half()
     assert torch.isinf(x.float().pow(2).half()).any()
     options = dict(rounding=rounding, norm_before_gate=norm_before_gate)
-    kernel = fused(x, gate, weight, dy, **options)
-    eager = composite(x, gate, weight, dy, **options)
-    truth = fp64_truth(x, gate, weight, dy, **options)
-    assert_finite(kernel)
-    assert_three_way(kernel, eager, truth, shape[0])
-    assert_matches_composite(kernel, eager, torch.float16)
+    _assert_fp16_accurate(x, gate, weight, dy, **options)
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -168,12 +173,7 @@ def test_saturated_gates(activation, rounding, norm_before_gate):
     x, _, weight, dy = make_inputs(shape, torch.float16)
     gate = gate.reshape(shape).half()
     options = dict(activation=activation, rounding=rounding, norm_before_gate=norm_before_gate)
-    kernel = fused(x, gate, weight, dy, **options)
-    eager = composite(x, gate, weight, dy, **options)
-    truth = fp64_truth(x, gate, weight, dy, **options)
-    assert_finite(kernel)
-    assert_three_way(kernel, eager, truth, shape[0])
-    assert_matches_composite(kernel, eager, torch.float16)
+    _assert_fp16_accurate(x, gate, weight, dy, **options)
 
 
 def _dy_layouts(shape, dtype):

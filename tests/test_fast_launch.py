@@ -91,6 +91,18 @@ def _knobs_with_hooks(enter, exit_):
                                                    launch_exit_hook=exit_))
 
 
+def _bound_calls_after_launches(monkeypatch, enter, exit_, launches: int) -> int:
+    """Launch a CachedLaunch ``launches`` times with the given hooks installed; how many of
+    the launches went through the kernel's normal (argument-binding) call."""
+    monkeypatch.setattr(fast_launch, "knobs", _knobs_with_hooks(enter, exit_))
+    kernel = FakeKernel()
+    launch = fast_launch.CachedLaunch(kernel, {"BLOCK": 16, "FLAG": False})
+    x, y = _tensors()
+    for _ in range(launches):
+        launch((1,), (x, y), (8,))
+    return len(kernel.calls)
+
+
 @pytest.mark.parametrize("hooks", ["enter", "exit", "enter-chain", "exit-chain"])
 def test_a_launch_hook_forces_the_normal_path(fake_driver, monkeypatch, hooks):
     if hooks.endswith("chain"):
@@ -98,25 +110,13 @@ def test_a_launch_hook_forces_the_normal_path(fake_driver, monkeypatch, hooks):
         enter, exit_ = (chain, None) if hooks.startswith("enter") else (None, chain)
     else:
         enter, exit_ = (print, None) if hooks == "enter" else (None, print)
-    monkeypatch.setattr(fast_launch, "knobs", _knobs_with_hooks(enter, exit_))
-    kernel = FakeKernel()
-    launch = fast_launch.CachedLaunch(kernel, {"BLOCK": 16, "FLAG": False})
-    x, y = _tensors()
-    for _ in range(2):
-        launch((1,), (x, y), (8,))
-    assert len(kernel.calls) == 2
+    assert _bound_calls_after_launches(monkeypatch, enter, exit_, launches=2) == 2
 
 
 @pytest.mark.parametrize("empty_hook", ["none", "empty-chain"])
 def test_no_hook_installed_takes_the_relaunch_path(fake_driver, monkeypatch, empty_hook):
     hook = None if empty_hook == "none" else SimpleNamespace(calls=[])
-    monkeypatch.setattr(fast_launch, "knobs", _knobs_with_hooks(hook, hook))
-    kernel = FakeKernel()
-    launch = fast_launch.CachedLaunch(kernel, {"BLOCK": 16, "FLAG": False})
-    x, y = _tensors()
-    for _ in range(3):
-        launch((1,), (x, y), (8,))
-    assert len(kernel.calls) == 1
+    assert _bound_calls_after_launches(monkeypatch, hook, hook, launches=3) == 1
 
 
 def test_the_installed_triton_has_no_launch_hook_by_default():

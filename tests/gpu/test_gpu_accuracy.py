@@ -37,9 +37,14 @@ from .helpers import (
 pytestmark = [requires_cuda, pytest.mark.timeout(120)]
 
 
-def check(case: Case, report, test: str, *, eps: float = 1e-6, x_scale: float = 1.0):
+def check(case: Case, report, test: str, *, eps: float = 1e-6, x_scale: float = 1.0,
+          gate_values=None):
+    """Run ``case`` against the composite and fp64, record and assert its accuracy.
+    ``gate_values(shape, dtype, device)``, when given, replaces the random gate."""
     inputs = make_inputs(case.shape, case.dtypes, case.options, layout=case.layout,
                          x_scale=x_scale)
+    if gate_values is not None:
+        inputs.gate.copy_(gate_values(case.shape, case.dtypes.gate, inputs.gate.device))
     runs = run_three(inputs, case.options, case.group_size, eps)
     results = measure_runs(runs, case.dtypes.x, inputs.rows)
     for record in accuracy_records("accuracy", test, case, results, inputs):
@@ -132,12 +137,16 @@ def test_zero_rows(shape):
     assert torch.equal(got["dweight"], torch.zeros_like(got["dweight"]))
 
 
-@pytest.mark.parametrize("options", (
+# One option set per rounding convention and gate order, for the edge-value tests.
+EDGE_OPTIONS = (
     Options("te"),
     Options("fp32", weight="fp32"),
     Options("hf", norm_before_gate=False),
     Options("te", activation="sigmoid", norm_before_gate=False, weight="none"),
-), ids=lambda o: o.id)
+)
+
+
+@pytest.mark.parametrize("options", EDGE_OPTIONS, ids=lambda o: o.id)
 def test_fp16_large_magnitude(options, report, request):
     """x about 1000: x^2 overflows fp16 (max 65504), the fp32 statistics must not."""
     runs = check(Case("fp16-x1000", (199, 128), options, FP16), report, request.node.nodeid,
@@ -155,23 +164,12 @@ def saturated_gates(shape, dtype, device):
     return torch.cat([special, ramp]).reshape(shape).to(dtype=dtype, device=device)
 
 
-@pytest.mark.parametrize("options", (
-    Options("te"),
-    Options("fp32", weight="fp32"),
-    Options("hf", norm_before_gate=False),
-    Options("te", activation="sigmoid", norm_before_gate=False, weight="none"),
-), ids=lambda o: o.id)
+@pytest.mark.parametrize("options", EDGE_OPTIONS, ids=lambda o: o.id)
 @pytest.mark.parametrize("dtypes", (BF16, FP16), ids=lambda d: d.id)
 def test_saturated_gates(options, dtypes, report, request):
     """|gate| up to 100: exp(-g) overflows, the activation saturates to 0 or g."""
-    case = Case("saturated-gates", (96, 128), options, dtypes)
-    inputs = make_inputs(case.shape, dtypes, options)
-    inputs.gate.copy_(saturated_gates(case.shape, dtypes.gate, inputs.gate.device))
-    runs = run_three(inputs, options, None, 1e-6)
-    results = measure_runs(runs, dtypes.x, inputs.rows)
-    for record in accuracy_records("accuracy", request.node.nodeid, case, results, inputs):
-        report.add(**record)
-    assert_accurate(results, f"saturated gates {options.id} {dtypes.id}")
+    runs = check(Case("saturated-gates", (96, 128), options, dtypes), report,
+                 request.node.nodeid, gate_values=saturated_gates)
     for name, tensor in runs.kernel.items():
         assert torch.isfinite(tensor).all(), f"{name} is not finite"
 
