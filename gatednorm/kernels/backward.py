@@ -20,6 +20,7 @@ from gatednorm.kernels.pointwise import (
     gated_input,
     leading_offsets,
     load_gamma,
+    row_step,
 )
 
 RUNTIME_INTS = [
@@ -69,18 +70,69 @@ def backward_tile_kernel(
     dweight = tl.zeros([BLOCK_N], dtype=tl.float32)
 
     chunk_start = chunk.to(tl.int64) * rows_per_chunk
+    tile_rows = tl.arange(0, BLOCK_ROWS)
+    # Row offsets of the chunk's first tile. With two leading dims (a gate sliced from a
+    # projection), later tiles step them by BLOCK_ROWS rows (row_step) instead of recomputing
+    # them from the row index: the recomputation (a division and a 64-bit multiply per row
+    # and tensor) was a sixth of the loop's instructions, in a loop bound by instruction issue.
+    # One or three leading dims recompute them per tile (stepping measured slower with one).
+    if LEADING_DIMS == 2:
+        first_rows = chunk_start + tile_rows
+        x_units = _row_offsets(first_rows, size1, size2, stride_x0, stride_x1, stride_x2,
+                              group_offset, LEADING_DIMS, 1)
+        g_units = _row_offsets(first_rows, size1, size2, stride_gate0, stride_gate1,
+                               stride_gate2, group_offset, LEADING_DIMS, 1)
+        dy_units = _row_offsets(first_rows, size1, size2, stride_dy0, stride_dy1, stride_dy2,
+                               group_offset, LEADING_DIMS, 1)
+        dx_units = _row_offsets(first_rows, size1, size2, stride_dx0, stride_dx1, stride_dx2,
+                               group_offset, LEADING_DIMS, 1)
+        dgate_units = _row_offsets(first_rows, size1, size2, stride_dgate0, stride_dgate1,
+                                  stride_dgate2, group_offset, LEADING_DIMS, 1)
+        # Carried in units of ROW_ALIGN elements: a loop-carried value cannot hold Triton's
+        # multiple_of hint, but units * ROW_ALIGN is a known multiple (16-byte loads stay).
+        x_units = x_units // ROW_ALIGN
+        g_units = g_units // ROW_ALIGN
+        dy_units = dy_units // ROW_ALIGN
+        dx_units = dx_units // ROW_ALIGN
+        dgate_units = dgate_units // ROW_ALIGN
+        inner = (first_rows.to(tl.int32) % size2)  # position in the innermost leading dim
+        x_step, x_wrap = row_step(size2, stride_x1, stride_x2, BLOCK_ROWS, ROW_ALIGN,
+                                  LEADING_DIMS)
+        g_step, g_wrap = row_step(size2, stride_gate1, stride_gate2, BLOCK_ROWS, ROW_ALIGN,
+                                  LEADING_DIMS)
+        dy_step, dy_wrap = row_step(size2, stride_dy1, stride_dy2, BLOCK_ROWS, ROW_ALIGN,
+                                    LEADING_DIMS)
+        dx_step, dx_wrap = row_step(size2, stride_dx1, stride_dx2, BLOCK_ROWS, ROW_ALIGN,
+                                    LEADING_DIMS)
+        dgate_step, dgate_wrap = row_step(size2, stride_dgate1, stride_dgate2, BLOCK_ROWS,
+                                          ROW_ALIGN, LEADING_DIMS)
+        inner_step = BLOCK_ROWS % size2
+
     # LOOP_STAGES > 1 lets Triton prefetch the next tile's loads (cp.async) while this one
     # computes and stores: a program otherwise has one tile of loads in flight at a time.
     for tile_start in tl.range(0, rows_per_chunk, BLOCK_ROWS, num_stages=LOOP_STAGES):
-        rows_idx = chunk_start + tile_start + tl.arange(0, BLOCK_ROWS)  # [BLOCK_ROWS]
-        row_mask = (rows_idx < rows) & (tile_start + tl.arange(0, BLOCK_ROWS) < rows_per_chunk)
+        rows_idx = chunk_start + tile_start + tile_rows  # [BLOCK_ROWS]
+        row_mask = (rows_idx < rows) & (tile_start + tile_rows < rows_per_chunk)
         mask = row_mask[:, None] & col_mask[None, :]  # [BLOCK_ROWS, BLOCK_N]
-        x_rows = _row_offsets(rows_idx, size1, size2, stride_x0, stride_x1, stride_x2,
-                              group_offset, LEADING_DIMS, ROW_ALIGN)
-        g_rows = _row_offsets(rows_idx, size1, size2, stride_gate0, stride_gate1, stride_gate2,
-                              group_offset, LEADING_DIMS, ROW_ALIGN)
-        dy_rows = _row_offsets(rows_idx, size1, size2, stride_dy0, stride_dy1, stride_dy2,
-                               group_offset, LEADING_DIMS, ROW_ALIGN)
+        if LEADING_DIMS != 2:
+            x_rows = _row_offsets(rows_idx, size1, size2, stride_x0, stride_x1, stride_x2,
+                                  group_offset, LEADING_DIMS, ROW_ALIGN)
+            g_rows = _row_offsets(rows_idx, size1, size2, stride_gate0, stride_gate1,
+                                  stride_gate2, group_offset, LEADING_DIMS, ROW_ALIGN)
+            dy_rows = _row_offsets(rows_idx, size1, size2, stride_dy0, stride_dy1, stride_dy2,
+                                   group_offset, LEADING_DIMS, ROW_ALIGN)
+            dx_rows = _row_offsets(rows_idx, size1, size2, stride_dx0, stride_dx1, stride_dx2,
+                                   group_offset, LEADING_DIMS, ROW_ALIGN)
+            dgate_rows = _row_offsets(rows_idx, size1, size2, stride_dgate0, stride_dgate1,
+                                      stride_dgate2, group_offset, LEADING_DIMS, ROW_ALIGN)
+        else:
+            # The launcher sets ROW_ALIGN to 8 only when every row start is a multiple of 8
+            # elements: 16-byte loads and stores.
+            x_rows = x_units * ROW_ALIGN
+            g_rows = g_units * ROW_ALIGN
+            dy_rows = dy_units * ROW_ALIGN
+            dx_rows = dx_units * ROW_ALIGN
+            dgate_rows = dgate_units * ROW_ALIGN
         x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -95,15 +147,21 @@ def backward_tile_kernel(
         grad_h = rstd[:, None] * (grad_hhat - h_hat * mean_term[:, None])
         dx, dgate = backward_inputs(x, grad_h, act, slope, dgate, X_DTYPE, G_DTYPE,
                                     NORM_BEFORE_GATE, ROUNDING)
-        dx_rows = _row_offsets(rows_idx, size1, size2, stride_dx0, stride_dx1, stride_dx2,
-                               group_offset, LEADING_DIMS, ROW_ALIGN)
-        dgate_rows = _row_offsets(rows_idx, size1, size2, stride_dgate0, stride_dgate1,
-                                  stride_dgate2, group_offset, LEADING_DIMS, ROW_ALIGN)
         tl.store(DX + dx_rows[:, None] + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         tl.store(DGATE + dgate_rows[:, None] + cols[None, :], dgate.to(DGATE.dtype.element_ty),
                  mask=mask)
         if HAS_WEIGHT:
             dweight += tl.sum(tl.where(mask, dweight_term, 0.0), axis=0)
+
+        if LEADING_DIMS == 2:  # the next tile's row offsets
+            inner += inner_step
+            wrapped = inner >= size2  # these rows crossed into the next outer index
+            inner = tl.where(wrapped, inner - size2, inner)
+            x_units += tl.where(wrapped, x_wrap, x_step)
+            g_units += tl.where(wrapped, g_wrap, g_step)
+            dy_units += tl.where(wrapped, dy_wrap, dy_step)
+            dx_units += tl.where(wrapped, dx_wrap, dx_step)
+            dgate_units += tl.where(wrapped, dgate_wrap, dgate_step)
 
     if HAS_WEIGHT:
         tl.store(DW_PARTIAL + chunk.to(tl.int64) * weight_size + group_offset + cols, dweight,
