@@ -97,12 +97,14 @@ def parse_tiles(text: str) -> dict[int, list[tuple[int, int]]]:
     return tiles
 
 
-def forward_candidates(shape: Shape, stages) -> list[LaunchConfig]:
+def forward_candidates(shape: Shape, stages, tile_stages=(1,)) -> list[LaunchConfig]:
+    """Tile candidates at each of ``tile_stages`` (1: the one-tile kernel; more: the row-loop
+    kernel, prefetching that deep); long rows at each of ``stages``."""
     block_n = triton.next_power_of_2(shape.group_size)
     if block_n > max(FORWARD_TILES):
         return [LaunchConfig(1, n, w, True, s) for n, w in FORWARD_LONG_ROWS for s in stages]
-    return [LaunchConfig(rows, block_n, warps, False)
-            for rows, warps in FORWARD_TILES[block_n]]
+    return [LaunchConfig(rows, block_n, warps, False, s)
+            for rows, warps in FORWARD_TILES[block_n] for s in tile_stages]
 
 
 def backward_candidates(shape: Shape, stages) -> list[LaunchConfig]:
@@ -129,7 +131,8 @@ def forget_compiled(kernel) -> None:
 
 
 def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: list[int],
-                copy_gbps: float, options: dict) -> list[dict]:
+                copy_gbps: float, options: dict, forward_stages=(1,),
+                forward_targets=(1584,)) -> list[dict]:
     device = "cuda"
     dtype = torch.bfloat16
     x = torch.randn(shape.rows, shape.d, device=device, dtype=dtype)
@@ -154,21 +157,31 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
               f"regs={entry.get('registers')} spills={entry.get('spills')}", flush=True)
 
     if "fwd" in passes:
-        for config in forward_candidates(shape, stages):
-            launch.forward_config = lambda group_size, c=config: c
-            launch._PLANS.clear()
-            kernel = (forward_kernels.forward_long_row_kernel if config.long_row
-                      else forward_kernels.forward_tile_kernel)
-            try:
-                ms = do_bench_cudagraph(
-                    lambda: launch.forward(x, gate, weight, eps=1e-6, store_rstd=False,
-                                           **common), rep=30, return_mode="median")
-            except Exception as error:  # a candidate that does not compile is reported
-                print("fwd failed", shape.name, config, repr(error)[:300], flush=True)
-                continue
-            record("fwd", config, None, ms, kernel, 6)
+        saved_target = config_module.FORWARD_TARGET_PROGRAMS
+        for config in forward_candidates(shape, stages, forward_stages):
+            if config.long_row:
+                kernel = forward_kernels.forward_long_row_kernel
+            elif config.loop_stages > 1:
+                kernel = forward_kernels.forward_row_loop_kernel
+            else:
+                kernel = forward_kernels.forward_tile_kernel
+            for target in (forward_targets if config.loop_stages > 1 and not config.long_row
+                           else [None]):
+                launch.forward_config = lambda group_size, c=config: c
+                if target is not None:
+                    config_module.FORWARD_TARGET_PROGRAMS = target
+                launch._PLANS.clear()
+                try:
+                    ms = do_bench_cudagraph(
+                        lambda: launch.forward(x, gate, weight, eps=1e-6, store_rstd=False,
+                                               **common), rep=30, return_mode="median")
+                except Exception as error:  # a candidate that does not compile is reported
+                    print("fwd failed", shape.name, config, repr(error)[:300], flush=True)
+                    continue
+                record("fwd", config, target, ms, kernel, 6)
             forget_compiled(kernel)
         launch.forward_config = config_module.forward_config
+        config_module.FORWARD_TARGET_PROGRAMS = saved_target
 
     if "bwd" in passes:
         saved_target = config_module.BACKWARD_TARGET_PROGRAMS
@@ -205,6 +218,10 @@ def main() -> None:
     parser.add_argument("--stages", default="1,2,3", help="loop pipelining depths to try")
     parser.add_argument("--targets", default="1056,4224",
                         help="backward program counts (BACKWARD_TARGET_PROGRAMS) to try")
+    parser.add_argument("--forward-stages", default="1",
+                        help="forward tile prefetch depths (1: one-tile kernel; more: row loop)")
+    parser.add_argument("--forward-targets", default="1584",
+                        help="program counts (FORWARD_TARGET_PROGRAMS) for the forward row loop")
     parser.add_argument("--forward-tiles", default="",
                         help='replace candidates per tile width, e.g. "128=16x4,8x2;1024=1x2"')
     parser.add_argument("--backward-tiles", default="",
@@ -233,7 +250,9 @@ def main() -> None:
         start = time.perf_counter()
         result["records"] += sweep_shape(
             SHAPES[name], passes, [int(v) for v in args.stages.split(",")],
-            [int(v) for v in args.targets.split(",")], copy_gbps, options)
+            [int(v) for v in args.targets.split(",")], copy_gbps, options,
+            [int(v) for v in args.forward_stages.split(",")],
+            [int(v) for v in args.forward_targets.split(",")])
         with open(args.out, "w") as handle:
             json.dump(result, handle, indent=1)
         print(f"{name} done in {time.perf_counter() - start:.0f} s", flush=True)

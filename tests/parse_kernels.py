@@ -26,6 +26,9 @@ from gatednorm.kernels import backward, forward  # noqa: E402
 KERNELS = {
     "forward_tile": (forward.forward_tile_kernel, dict(BLOCK_ROWS=16, BLOCK_N=128,
                                                        STORE_RSTD=True)),
+    "forward_row_loop": (forward.forward_row_loop_kernel, dict(BLOCK_ROWS=16, BLOCK_N=128,
+                                                               STORE_RSTD=True,
+                                                               LOOP_STAGES=2)),
     "forward_long_row": (forward.forward_long_row_kernel, dict(BLOCK_ROWS=1, BLOCK_N=4096,
                                                                STORE_RSTD=True,
                                                                LOOP_STAGES=2)),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).with_name("parse_kernels.py")
-KERNELS = ["forward_tile", "forward_long_row", "backward_tile", "backward_long_row",
+KERNELS = ["forward_tile", "forward_row_loop", "forward_long_row", "backward_tile", "backward_long_row",
            "dweight_reduce"]
 
 

@@ -38,6 +38,10 @@ BACKWARD_LONG_ROW = (4096, 8, 3)
 # what to leave beside the prefetch buffers for the kernels' reductions.
 DEFAULT_SHARED_MEMORY_BYTES = 232448
 SHARED_MEMORY_RESERVE = 16384
+# A forward whose table entry prefetches (loop_stages > 1) runs resident programs over chunks
+# of rows (forward_row_loop_kernel), about this many (chunk, group) programs in all. The
+# forward reduces nothing across programs, so this may be tuned freely.
+FORWARD_TARGET_PROGRAMS = 1584
 # The backward splits rows into about this many (chunk, group) programs. A constant, not the
 # SM count: the partition, and so dweight's rounding, must not depend on the GPU.
 BACKWARD_TARGET_PROGRAMS = 1056
@@ -98,6 +102,14 @@ def fit_shared_memory(config: LaunchConfig, loaded_bytes_per_element: int,
     if config.loop_stages > 1 and prefetch_bytes + SHARED_MEMORY_RESERVE > shared_memory_bytes:
         return replace(config, loop_stages=1)
     return config
+
+
+def forward_chunking(rows: int, num_groups: int, block_rows: int) -> tuple[int, int]:
+    """(rows_per_chunk, num_chunks) of the forward's row loop: a multiple of block_rows."""
+    chunks_wanted = max(1, FORWARD_TARGET_PROGRAMS // num_groups)
+    rows_per_chunk = torch.sym_max(triton.cdiv(rows, chunks_wanted), block_rows)
+    rows_per_chunk = triton.cdiv(rows_per_chunk, block_rows) * block_rows
+    return rows_per_chunk, triton.cdiv(rows, rows_per_chunk)
 
 
 def backward_chunking(rows: int, num_groups: int, block_rows: int) -> tuple[int, int]:

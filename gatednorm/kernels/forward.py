@@ -85,6 +85,63 @@ def forward_tile_kernel(
         tl.store(RSTD + rows_idx.to(tl.int64) * num_groups + group, rstd, mask=row_mask)
 
 
+@triton.jit(do_not_specialize=RUNTIME_INTS + ["rows_per_chunk"])
+def forward_row_loop_kernel(
+    X, GATE, W, Y, RSTD,
+    rows, size1, size2,
+    stride_x0, stride_x1, stride_x2,
+    stride_gate0, stride_gate1, stride_gate2,
+    stride_y0, stride_y1, stride_y2,
+    group_size, num_groups, rows_per_chunk, eps,
+    LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
+    STORE_RSTD: tl.constexpr, LOOP_STAGES: tl.constexpr,
+):
+    """The tile kernel's work for ``rows_per_chunk`` rows, one [BLOCK_ROWS, BLOCK_N] tile at
+    a time: program ``pid`` owns group ``pid % num_groups`` of chunk ``pid // num_groups``.
+
+    A program stays resident over its chunk and prefetches the next tiles' x and gate
+    (LOOP_STAGES deep) while it computes and stores one, instead of ending after one tile and
+    leaving the SM to start another program. Same arithmetic as forward_tile_kernel, per tile.
+    """
+    pid = tl.program_id(0)
+    group = pid % num_groups
+    chunk = pid // num_groups
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < group_size
+    group_offset = group.to(tl.int64) * group_size
+    gamma = load_gamma(W, group_offset + cols, col_mask, HAS_WEIGHT, ZERO_CENTERED)  # [BLOCK_N]
+    chunk_start = chunk.to(tl.int64) * rows_per_chunk
+    tile_rows = tl.arange(0, BLOCK_ROWS)
+    for tile_start in tl.range(0, rows_per_chunk, BLOCK_ROWS, num_stages=LOOP_STAGES):
+        rows_idx = chunk_start + tile_start + tile_rows  # [BLOCK_ROWS]
+        row_mask = (rows_idx < rows) & (tile_start + tile_rows < rows_per_chunk)
+        mask = row_mask[:, None] & col_mask[None, :]  # [BLOCK_ROWS, BLOCK_N]
+        x_rows = leading_offsets(rows_idx, size1, size2, stride_x0, stride_x1, stride_x2,
+                                 LEADING_DIMS)
+        g_rows = leading_offsets(rows_idx, size1, size2, stride_gate0, stride_gate1,
+                                 stride_gate2, LEADING_DIMS)
+        y_rows = leading_offsets(rows_idx, size1, size2, stride_y0, stride_y1, stride_y2,
+                                 LEADING_DIMS)
+        x_rows = tl.multiple_of(x_rows + group_offset, ROW_ALIGN)
+        g_rows = tl.multiple_of(g_rows + group_offset, ROW_ALIGN)
+        y_rows = tl.multiple_of(y_rows + group_offset, ROW_ALIGN)
+
+        x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        act, _ = activation_and_slope(g, ACTIVATION)
+        h = gated_input(x, act, X.dtype.element_ty, NORM_BEFORE_GATE, ROUNDING)
+        mean_square = tl.sum(h * h, axis=1) / group_size  # [BLOCK_ROWS]
+        rstd = 1.0 / tl.sqrt(mean_square + eps)
+        y = forward_output(h * rstd[:, None], act, gamma, X.dtype.element_ty,
+                           WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
+        tl.store(Y + y_rows[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+        if STORE_RSTD:
+            tl.store(RSTD + rows_idx * num_groups + group, rstd, mask=row_mask)
+
+
 @triton.jit(do_not_specialize=RUNTIME_INTS)
 def forward_long_row_kernel(
     X, GATE, W, Y, RSTD,

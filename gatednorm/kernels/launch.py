@@ -26,10 +26,15 @@ from gatednorm.kernels.config import (
     DEFAULT_SHARED_MEMORY_BYTES,
     backward_config,
     fit_shared_memory,
+    forward_chunking,
     forward_config,
 )
 from gatednorm.kernels.fast_launch import CachedLaunch
-from gatednorm.kernels.forward import forward_long_row_kernel, forward_tile_kernel
+from gatednorm.kernels.forward import (
+    forward_long_row_kernel,
+    forward_row_loop_kernel,
+    forward_tile_kernel,
+)
 from gatednorm.kernels.layout import RowLayout, row_layout
 
 ACTIVATION_FLAG = {"silu": 0, "sigmoid": 1}
@@ -133,16 +138,31 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
     def build() -> _Plan:
         layout, copies = _row_layout_of([x, gate], [y], group_size)
         config = forward_config(group_size)
-        kernel = forward_long_row_kernel if config.long_row else forward_tile_kernel
+        if not config.long_row:
+            # The row loop prefetches x and gate: (stages - 1) tiles of both.
+            config = fit_shared_memory(config, x.element_size() + gate.element_size(),
+                                       shared_memory_bytes(x.device))
         meta = _meta(layout, config, x.dtype, weight, zero_centered_gamma, activation,
                      norm_before_gate, rounding)
         meta["STORE_RSTD"] = store_rstd
-        if not config.long_row:
-            del meta["LOOP_STAGES"]  # the forward tile kernel has no loop
+        layout_args = _layout_args(layout) + (group_size, num_groups)
+        if config.long_row:
+            kernel = forward_long_row_kernel
+            grid = (layout.rows * num_groups,)
+        elif config.loop_stages > 1:
+            kernel = forward_row_loop_kernel
+            rows_per_chunk, num_chunks = forward_chunking(layout.rows, num_groups,
+                                                          config.block_rows)
+            grid = (num_chunks * num_groups,)
+            layout_args += (rows_per_chunk,)
+        else:
+            kernel = forward_tile_kernel
+            grid = (triton.cdiv(layout.rows, config.block_rows) * num_groups,)
+            del meta["LOOP_STAGES"]  # the tile kernel has no loop
         return _Plan(
             kernel=kernel,
-            grid=(triton.cdiv(layout.rows, config.block_rows) * num_groups,),
-            layout_args=_layout_args(layout) + (group_size, num_groups),
+            grid=grid,
+            layout_args=layout_args,
             meta=meta,
             layout_copies=copies,
             cached_launch=None if traceable else CachedLaunch(kernel, meta),

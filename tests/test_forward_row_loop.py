@@ -1,0 +1,59 @@
+"""The forward's row-loop kernel (a table entry with loop_stages > 1) gives the tile kernel's
+bits: the same arithmetic per tile, only the programs walk several tiles each."""
+
+import pytest
+import torch
+
+import gatednorm
+from gatednorm.kernels import config, forward as forward_kernels, launch
+
+pytestmark = pytest.mark.usefixtures("interpreter")
+
+
+def _forward(x, gate, weight, **options):
+    launch._PLANS.clear()
+    return gatednorm.rms_norm_gated(x, gate, weight, **options)
+
+
+LAYOUTS = {
+    # name: (x, gate) builders over (t, h, d)
+    "contiguous": lambda t, h, d: (torch.randn(t, h, d), torch.randn(t, h, d)),
+    "sliced-gate": lambda t, h, d: (torch.randn(t, h, d),
+                                    torch.randn(t, 3 * h * d)[:, h * d:2 * h * d].view(t, h, d)),
+    "permuted": lambda t, h, d: (torch.randn(h, t, d).transpose(0, 1),
+                                 torch.randn(h, t, d).transpose(0, 1)),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("d, group_size, norm_before_gate", [
+    (128, None, True), (96, None, True), (192, 64, False), (1024, 256, False)],
+    ids=["d128", "d96", "d192-groups64-gate_first", "d1024-groups256-gate_first"])
+@pytest.mark.parametrize("target_programs", [1, 5], ids=["one-program", "five-programs"])
+def test_row_loop_matches_the_tile_kernel(monkeypatch, layout, d, group_size, norm_before_gate,
+                                          target_programs):
+    torch.manual_seed(0)
+    t, h = 13, 3  # 39 rows: no tile height divides it, chunks end mid-tile
+    x, gate = (v.to(torch.float16) for v in LAYOUTS[layout](t, h, d))
+    weight = (1 + 0.2 * torch.randn(d)).to(torch.float16)
+    options = dict(group_size=group_size, norm_before_gate=norm_before_gate, rounding="te")
+    expected = _forward(x, gate, weight, **options)
+
+    loop_tiles = {width: (rows, warps, 2) for width, (rows, warps, _) in
+                  config.FORWARD_TILES.items()}
+    monkeypatch.setattr(config, "FORWARD_TILES", loop_tiles)
+    monkeypatch.setattr(config, "FORWARD_PARTIAL_TILES",
+                        {w: (r, n, 2) for w, (r, n, _) in config.FORWARD_PARTIAL_TILES.items()})
+    num_groups = d // (group_size or d)
+    monkeypatch.setattr(config, "FORWARD_TARGET_PROGRAMS", target_programs * num_groups)
+    launched = []
+    original = launch.CachedLaunch
+
+    def recording(kernel, meta):
+        launched.append(kernel)
+        return original(kernel, meta)
+
+    monkeypatch.setattr(launch, "CachedLaunch", recording)
+    got = _forward(x, gate, weight, **options)
+    assert forward_kernels.forward_row_loop_kernel in launched
+    assert torch.equal(got, expected)
