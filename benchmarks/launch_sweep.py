@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -101,18 +102,29 @@ def forward_candidates(shape: Shape, stages, tile_stages=(1,)) -> list[LaunchCon
     """Tile candidates at each of ``tile_stages`` (1: the one-tile kernel; more: the row-loop
     kernel, prefetching that deep); long rows at each of ``stages``."""
     block_n = triton.next_power_of_2(shape.group_size)
-    if block_n > max(FORWARD_TILES):
-        return [LaunchConfig(1, n, w, True, s) for n, w in FORWARD_LONG_ROWS for s in stages]
-    return [LaunchConfig(rows, block_n, warps, False, s)
-            for rows, warps in FORWARD_TILES[block_n] for s in tile_stages]
+    # Tiles wherever the sweep has candidates (--forward-tiles may add wider ones), long rows
+    # wherever the library's table would use them.
+    candidates = [LaunchConfig(rows, block_n, warps, False, s)
+                  for rows, warps in FORWARD_TILES.get(block_n, []) for s in tile_stages]
+    if block_n > max(config_module.FORWARD_TILES):
+        candidates += [LaunchConfig(1, n, w, True, s) for n, w in FORWARD_LONG_ROWS
+                       for s in stages]
+    return candidates
+
+
+def parse_long_rows(text: str) -> list[tuple[int, int]]:
+    """``"4096x8,2048x4"`` -> [(4096, 8), (2048, 4)] (block_n x warps)."""
+    return [tuple(int(v) for v in c.split("x")) for c in filter(None, text.split(","))]
 
 
 def backward_candidates(shape: Shape, stages) -> list[LaunchConfig]:
     block_n = triton.next_power_of_2(shape.group_size)
-    if block_n > max(BACKWARD_TILES):
-        return [LaunchConfig(1, n, w, True, s) for n, w in BACKWARD_LONG_ROWS for s in stages]
-    return [LaunchConfig(rows, block_n, warps, False, s)
-            for rows, warps in BACKWARD_TILES[block_n] for s in stages]
+    candidates = [LaunchConfig(rows, block_n, warps, False, s)
+                  for rows, warps in BACKWARD_TILES.get(block_n, []) for s in stages]
+    if block_n > max(config_module.BACKWARD_TILES):
+        candidates += [LaunchConfig(1, n, w, True, s) for n, w in BACKWARD_LONG_ROWS
+                       for s in stages]
+    return candidates
 
 
 def compiled_resources(kernel) -> dict:
@@ -132,7 +144,7 @@ def forget_compiled(kernel) -> None:
 
 def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: list[int],
                 copy_gbps: float, options: dict, forward_stages=(1,),
-                forward_targets=(1584,)) -> list[dict]:
+                forward_targets=(1584,), min_rows_per_chunk=(None,)) -> list[dict]:
     device = "cuda"
     dtype = torch.bfloat16
     x = torch.randn(shape.rows, shape.d, device=device, dtype=dtype)
@@ -144,16 +156,18 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                   traceable=False, **options)
     records = []
 
-    def record(pass_name, config, target, ms, kernel, bytes_per_element):
+    def record(pass_name, config, target, ms, kernel, bytes_per_element, min_rows=None):
         gbps = bytes_per_element * elements / (ms * 1e-3) / 1e9
         entry = dict(shape=shape.name, rows=shape.rows, d=shape.d, group_size=shape.group_size,
                      norm_before_gate=shape.norm_before_gate, pass_=pass_name,
-                     config=asdict(config), target_programs=target, median_ms=ms, gbps=gbps,
+                     config=asdict(config), target_programs=target,
+                     min_rows_per_chunk=min_rows or config_module.MIN_ROWS_PER_CHUNK,
+                     median_ms=ms, gbps=gbps,
                      frac_copy=gbps / copy_gbps, **compiled_resources(kernel))
         records.append(entry)
         print(f"{pass_name} {shape.name} rows={config.block_rows} n={config.block_n} "
               f"w={config.num_warps} long={config.long_row} stages={config.loop_stages} "
-              f"T={target} {ms * 1e3:.1f} us {entry['frac_copy'] * 100:.1f}% "
+              f"T={target} min_rows={entry['min_rows_per_chunk']} {ms * 1e3:.1f} us {entry['frac_copy'] * 100:.1f}% "
               f"regs={entry.get('registers')} spills={entry.get('spills')}", flush=True)
 
     if "fwd" in passes:
@@ -185,14 +199,16 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
 
     if "bwd" in passes:
         saved_target = config_module.BACKWARD_TARGET_PROGRAMS
+        saved_min_rows = config_module.MIN_ROWS_PER_CHUNK
         launch._PLANS.clear()
         _, rstd = launch.forward(x, gate, weight, eps=1e-6, **common)
         for config in backward_candidates(shape, stages):
             kernel = (backward_kernels.backward_long_row_kernel if config.long_row
                       else backward_kernels.backward_tile_kernel)
-            for target in targets:
+            for target, min_rows in itertools.product(targets, min_rows_per_chunk):
                 launch.backward_config = lambda group_size, c=config: c
                 config_module.BACKWARD_TARGET_PROGRAMS = target
+                config_module.MIN_ROWS_PER_CHUNK = min_rows or saved_min_rows
                 launch._PLANS.clear()
                 try:
                     ms = do_bench_cudagraph(
@@ -204,10 +220,11 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                 # fit_shared_memory may have dropped the prefetch: record what ran.
                 plan = next(p for key, p in launch._PLANS.items() if key[0] == "bwd")
                 ran = replace(config, loop_stages=plan.meta["LOOP_STAGES"])
-                record("bwd", ran, target, ms, kernel, 10)
+                record("bwd", ran, target, ms, kernel, 10, min_rows)
             forget_compiled(kernel)
         launch.backward_config = config_module.backward_config
         config_module.BACKWARD_TARGET_PROGRAMS = saved_target
+        config_module.MIN_ROWS_PER_CHUNK = saved_min_rows
     return records
 
 
@@ -226,11 +243,18 @@ def main() -> None:
                         help='replace candidates per tile width, e.g. "128=16x4,8x2;1024=1x2"')
     parser.add_argument("--backward-tiles", default="",
                         help='replace candidates per tile width, e.g. "128=4x1,8x1"')
+    parser.add_argument("--min-rows-per-chunk", default="",
+                        help="backward MIN_ROWS_PER_CHUNK values to try (default: the table's)")
+    parser.add_argument("--long-rows", default="",
+                        help='replace long-row candidates (both passes), e.g. "4096x8,2048x4"')
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."),
                                                       "launch-sweep.json"))
     args = parser.parse_args()
     FORWARD_TILES.update(parse_tiles(args.forward_tiles))
     BACKWARD_TILES.update(parse_tiles(args.backward_tiles))
+    if args.long_rows:
+        FORWARD_LONG_ROWS[:] = BACKWARD_LONG_ROWS[:] = parse_long_rows(args.long_rows)
+    min_rows = [int(v) for v in args.min_rows_per_chunk.split(",") if v] or [None]
     passes = args.passes.split(",")
     source = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
     target = torch.empty_like(source)
@@ -252,7 +276,7 @@ def main() -> None:
             SHAPES[name], passes, [int(v) for v in args.stages.split(",")],
             [int(v) for v in args.targets.split(",")], copy_gbps, options,
             [int(v) for v in args.forward_stages.split(",")],
-            [int(v) for v in args.forward_targets.split(",")])
+            [int(v) for v in args.forward_targets.split(",")], min_rows)
         with open(args.out, "w") as handle:
             json.dump(result, handle, indent=1)
         print(f"{name} done in {time.perf_counter() - start:.0f} s", flush=True)
