@@ -5,7 +5,9 @@ formula is timed the same way for reference.
 
     python benchmarks/decode_sweep.py [--tiles 16x4,8x2,4x1,2x1,1x1] [--out F]
 
-Only the forward tile changes; everything else is the eager path of ``rms_norm_gated``.
+Only the forward tile changes (the library's decode-tile rule is turned off so that each
+candidate runs as given); everything else is the eager path of ``rms_norm_gated``. The first
+run (decode-sweep-v1) chose config.FORWARD_FEW_PROGRAMS and FEW_ROWS_TILE_ELEMENTS.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def main() -> None:
                                                       "decode-sweep.json"))
     args = parser.parse_args()
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
+    # Each candidate tile as given: the library's own decode-tile rule off.
+    config_module.FORWARD_FEW_PROGRAMS = 0
     compiled = torch.compile(transformers_formula, dynamic=False)
     records = []
     with torch.no_grad():

@@ -23,6 +23,10 @@ from torch.utils._pytree import tree_map  # noqa: E402
 import gatednorm  # noqa: E402
 from gatednorm import ops, reference  # noqa: E402
 
+from gatednorm.kernels import config as _config  # noqa: E402
+
+# The shipped threshold, read before any fixture changes it.
+DECODE_FEW_PROGRAMS = _config.FORWARD_FEW_PROGRAMS
 ROUNDINGS = reference.ROUNDINGS
 ACTIVATIONS = reference.ACTIVATIONS
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -54,6 +58,27 @@ def pytest_report_header(config):
 def _seed():
     # Every test starts from the same generator state, whatever ran before it on this worker.
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _table_tiles(monkeypatch):
+    """Tests run the launch table's tiles: the small shapes they use would otherwise all take
+    the decode tile (config.few_rows_forward_config), and the table's multi-row tiles, row
+    masks and row loop would go untested. Tests of the decode tile ask for ``decode_tile``."""
+    from gatednorm.kernels import config
+
+    monkeypatch.setattr(config, "FORWARD_FEW_PROGRAMS", 0)
+
+
+@pytest.fixture
+def decode_tile(monkeypatch):
+    """The shipped decode-tile rule on; launch plans built under it are dropped after."""
+    from gatednorm.kernels import config, launch
+
+    monkeypatch.setattr(config, "FORWARD_FEW_PROGRAMS", DECODE_FEW_PROGRAMS)
+    launch._PLANS.clear()
+    yield
+    launch._PLANS.clear()
 
 
 @pytest.fixture

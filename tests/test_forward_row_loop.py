@@ -37,15 +37,6 @@ def test_row_loop_matches_the_tile_kernel(monkeypatch, layout, d, group_size, no
     x, gate = (v.to(torch.float16) for v in LAYOUTS[layout](t, h, d))
     weight = (1 + 0.2 * torch.randn(d)).to(torch.float16)
     options = dict(group_size=group_size, norm_before_gate=norm_before_gate, rounding="te")
-    expected = _forward(x, gate, weight, **options)
-
-    loop_tiles = {width: (rows, warps, 2) for width, (rows, warps, _) in
-                  config.FORWARD_TILES.items()}
-    monkeypatch.setattr(config, "FORWARD_TILES", loop_tiles)
-    monkeypatch.setattr(config, "FORWARD_PARTIAL_TILES",
-                        {w: (r, n, 2) for w, (r, n, _) in config.FORWARD_PARTIAL_TILES.items()})
-    num_groups = d // (group_size or d)
-    monkeypatch.setattr(config, "FORWARD_TARGET_PROGRAMS", target_programs * num_groups)
     launched = []
     original = launch.CachedLaunch
 
@@ -54,6 +45,20 @@ def test_row_loop_matches_the_tile_kernel(monkeypatch, layout, d, group_size, no
         return original(kernel, meta)
 
     monkeypatch.setattr(launch, "CachedLaunch", recording)
+
+    def with_stages(stages):
+        # The table's tiles at one prefetch depth: 1 runs the one-tile kernel, 2 the row loop.
+        for name in ("FORWARD_TILES", "FORWARD_PARTIAL_TILES"):
+            monkeypatch.setattr(config, name, {width: (rows, warps, stages) for width, (
+                rows, warps, _) in getattr(config, name).items()})
+
+    with_stages(1)
+    expected = _forward(x, gate, weight, **options)
+    assert launched == [forward_kernels.forward_tile_kernel]
+
+    with_stages(2)
+    num_groups = d // (group_size or d)
+    monkeypatch.setattr(config, "FORWARD_TARGET_PROGRAMS", target_programs * num_groups)
     got = _forward(x, gate, weight, **options)
-    assert forward_kernels.forward_row_loop_kernel in launched
+    assert launched[1:] == [forward_kernels.forward_row_loop_kernel]
     assert torch.equal(got, expected)

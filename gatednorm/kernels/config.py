@@ -18,30 +18,44 @@ import triton
 # as many live values and loops beyond 8192. The backward's loop over its chunk's rows is
 # software-pipelined (loop_stages tiles of loads in flight per program): without it a program
 # waits on every tile's loads, and the backward stayed under 75 % of copy bandwidth.
+# A forward entry with loop_stages > 1 runs forward_row_loop_kernel: resident programs that
+# walk their chunk of rows tile by tile with that many tiles of x and gate in flight (the
+# one-tile kernel has nothing to overlap a tile's loads with).
 FORWARD_TILES = {
     128: (16, 4, 1), 256: (4, 2, 1), 512: (4, 4, 1), 1024: (1, 2, 1), 2048: (1, 2, 1),
-    4096: (1, 4, 1), 8192: (1, 8, 1), 16384: (2, 32, 1),
+    4096: (1, 4, 1), 8192: (1, 8, 3), 16384: (2, 32, 1),
 }
 BACKWARD_TILES = {
     128: (4, 1, 3), 256: (4, 1, 3), 512: (2, 2, 4), 1024: (1, 2, 3), 2048: (1, 2, 3),
     4096: (1, 8, 4), 8192: (1, 16, 3),
 }
-# Groups that fill only part of their tile (Mamba2's 640 of 1024): the same instructions per
-# tile move fewer bytes, and two rows per program measured 8-10 points of copy bandwidth
-# better than one (launch-sweep-v4: forward 85 % vs 77.5 %, backward 76 % vs 71 %).
-FORWARD_PARTIAL_TILES = {1024: (2, 2, 1)}
+# Groups that fill only part of their tile (D 96 of 128, 192 of 256, Mamba2's 640 of 1024):
+# the same instructions per tile move fewer bytes. Two rows per program measured 8-10 points
+# of copy bandwidth better than one (launch-sweep-v4), and the forward's row loop another 3-11
+# points over the one-tile kernel (launch-sweep-v5 round 2: D 96 87.5 -> 94.7 %, 192 83.9 ->
+# 95.0 %, 640 84.3 -> 87.1 %). Full tiles of 128-4096 measured the one-tile kernel faster.
+FORWARD_PARTIAL_TILES = {128: (16, 4, 3), 256: (8, 4, 3), 1024: (2, 2, 3)}
 BACKWARD_PARTIAL_TILES = {1024: (2, 4, 3)}
-# Long rows: (block_n, num_warps, loop_stages) of the looped kernels.
+# Long rows: (block_n, num_warps, loop_stages) of the looped kernels. 16 warps in the backward
+# keep the register count at 62 without spills (8 warps: 128 and spilling), 44 -> 46 % at
+# D=16384 (launch-sweep-v5-long-row-bwd).
 FORWARD_LONG_ROW = (4096, 16, 1)
-BACKWARD_LONG_ROW = (4096, 8, 3)
+BACKWARD_LONG_ROW = (4096, 16, 3)
 # Shared memory a block may use when the device cannot be asked (H100 and H200: 227 KB), and
 # what to leave beside the prefetch buffers for the kernels' reductions.
 DEFAULT_SHARED_MEMORY_BYTES = 232448
 SHARED_MEMORY_RESERVE = 16384
 # A forward whose table entry prefetches (loop_stages > 1) runs resident programs over chunks
-# of rows (forward_row_loop_kernel), about this many (chunk, group) programs in all. The
-# forward reduces nothing across programs, so this may be tuned freely.
-FORWARD_TARGET_PROGRAMS = 1584
+# of rows (forward_row_loop_kernel), about this many (chunk, group) programs in all (measured
+# best of 1056-4224). The forward reduces nothing across programs, so this may be tuned freely.
+FORWARD_TARGET_PROGRAMS = 4224
+# Decode-size forwards: when the table's tile would start fewer programs than this (one per
+# SM of an H100/H200), a one-warp tile of FEW_ROWS_TILE_ELEMENTS elements starts more, smaller
+# programs and finishes sooner: 32 rows of 128 take 1.43 us instead of 1.82 us per forward in a
+# CUDA graph, 2048 rows 1.95 instead of 2.14 us (decode-sweep-v1). Every row is reduced by the
+# same lanes in the same order in either tile, so the bits do not change. 0 turns this off.
+FORWARD_FEW_PROGRAMS = 132
+FEW_ROWS_TILE_ELEMENTS = 256
 # The backward splits rows into about this many (chunk, group) programs. A constant, not the
 # SM count: the partition, and so dweight's rounding, must not depend on the GPU.
 BACKWARD_TARGET_PROGRAMS = 1056
@@ -82,6 +96,18 @@ def _tile_config(group_size: int, tiles: dict, partial_tiles: dict,
 def forward_config(group_size: int) -> LaunchConfig:
     """Forward tile for one group size (the same element count for every dtype)."""
     return _tile_config(group_size, FORWARD_TILES, FORWARD_PARTIAL_TILES, FORWARD_LONG_ROW)
+
+
+def few_rows_forward_config(config: LaunchConfig, rows: int, num_groups: int) -> LaunchConfig:
+    """``config``, or the one-warp decode tile when ``config`` would start fewer than
+    FORWARD_FEW_PROGRAMS programs over ``rows`` x ``num_groups`` (tiles up to 128 wide, where
+    it was measured). ``rows`` must be a concrete int: under torch.compile with a symbolic row
+    count the caller keeps the table's tile instead of guarding on the count."""
+    if (config.long_row or config.block_n > 128
+            or triton.cdiv(rows, config.block_rows) * num_groups >= FORWARD_FEW_PROGRAMS):
+        return config
+    return LaunchConfig(max(1, FEW_ROWS_TILE_ELEMENTS // config.block_n), config.block_n, 1,
+                        False, 1)
 
 
 def backward_config(group_size: int) -> LaunchConfig:

@@ -27,6 +27,7 @@ from gatednorm.kernels.config import (
     backward_config,
     fit_shared_memory,
     forward_chunking,
+    few_rows_forward_config,
     forward_config,
 )
 from gatednorm.kernels.fast_launch import CachedLaunch
@@ -138,6 +139,8 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
     def build() -> _Plan:
         layout, copies = _row_layout_of([x, gate], [y], group_size)
         config = forward_config(group_size)
+        if isinstance(layout.rows, int):
+            config = few_rows_forward_config(config, layout.rows, num_groups)
         if not config.long_row:
             # The row loop prefetches x and gate: (stages - 1) tiles of both.
             config = fit_shared_memory(config, x.element_size() + gate.element_size(),

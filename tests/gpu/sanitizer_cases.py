@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 import gatednorm  # noqa: E402
 from gatednorm import reference  # noqa: E402
-from gatednorm.kernels.config import backward_config, forward_config  # noqa: E402
+from gatednorm.kernels import config, launch  # noqa: E402
 from helpers import (  # noqa: E402
     BF16,
     BF16_GATE_FP32,
@@ -61,17 +61,34 @@ CASES = (
     Case("long rows d20000 rows40", (40, 20000), Options("te")),
     Case("long rows 2 groups of 20000 gate-first", (2, 40000),
          Options("hf", norm_before_gate=False, weight="fp32", zero_centered=True), BF16, 20000),
+    # Forward row loop (a partial 256 tile): chunks of three 8-row tiles, the last chunk short.
+    Case("row loop d192 rows70001 sliced gate", (70001, 192),
+         Options("te", activation="sigmoid"), layout="projection"),
+)
+# Run with the decode tile on (config.few_rows_forward_config); CASES run without it, since
+# their small shapes would otherwise all take it and leave the table's tiles unsanitized.
+DECODE_CASES = (
+    Case("decode tile 1x32x128 sliced gate", (1, 32, 128), Options("te"), layout="projection"),
+    Case("decode tile d96 rows5 gate-first", (5, 96), Options("hf", norm_before_gate=False)),
 )
 
 
 def kernel_paths(case: Case) -> str:
     group = case.group_size or case.shape[-1]
-    fwd, bwd = forward_config(group), backward_config(group)
+    rows = 1
+    for size in case.shape[:-1]:
+        rows *= size
+    fwd = config.few_rows_forward_config(config.forward_config(group), rows,
+                                         case.shape[-1] // group)
+    bwd = config.backward_config(group)
 
-    def name(config):
-        return "long-row" if config.long_row else f"tile {config.block_rows}x{config.block_n}"
+    def name(launch_config, loop_name):
+        if launch_config.long_row:
+            return "long-row"
+        kind = loop_name if launch_config.loop_stages > 1 else "tile"
+        return f"{kind} {launch_config.block_rows}x{launch_config.block_n}"
 
-    return f"forward {name(fwd)}, backward {name(bwd)}"
+    return f"forward {name(fwd, 'row loop')}, backward {name(bwd, 'tile')}"
 
 
 def run(case: Case) -> list[str]:
@@ -104,7 +121,10 @@ def main() -> int:
         return 2
     torch.manual_seed(0)
     wrong = 0
-    for case in CASES:
+    decode_few_programs = config.FORWARD_FEW_PROGRAMS
+    for case in CASES + DECODE_CASES:
+        config.FORWARD_FEW_PROGRAMS = decode_few_programs if case in DECODE_CASES else 0
+        launch._PLANS.clear()
         start = time.perf_counter()
         failures = run(case)
         torch.cuda.synchronize()
@@ -114,7 +134,8 @@ def main() -> int:
         for failure in failures:
             print(f"     {failure}")
         wrong += bool(failures)
-    print(f"{len(CASES) - wrong}/{len(CASES)} cases right")
+    total = len(CASES) + len(DECODE_CASES)
+    print(f"{total - wrong}/{total} cases right")
     return 1 if wrong else 0
 
 

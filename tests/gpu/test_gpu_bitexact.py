@@ -14,8 +14,10 @@ import torch
 import gatednorm
 
 from .helpers import (
+    BF16,
     DTYPES,
     FP16,
+    FP32_GATE_BF16,
     OPTION_SPACE,
     REALISTIC_CASES,
     Case,
@@ -81,3 +83,31 @@ def test_inference_forward_matches_training_forward(case):
     with torch.no_grad():
         inference = gatednorm.rms_norm_gated(inputs.x, inputs.gate, inputs.weight, **kwargs)
     assert same_bits(inference, training)
+
+
+@pytest.mark.usefixtures("decode_tile")
+@pytest.mark.parametrize("dtypes", (BF16, FP16, FP32_GATE_BF16), ids=lambda d: d.id)
+# Every seventh combination: each rounding, activation, order and weight variant appears; the
+# tile changes only which programs own which rows, not the arithmetic the options select.
+@pytest.mark.parametrize("options", OPTION_SPACE[::7], ids=lambda o: o.id)
+@pytest.mark.parametrize("shape, group_size, layout", [
+    ((1, 32, 128), None, "projection"),   # one decode token of a 32-head GDN layer
+    ((64, 32, 128), None, "contiguous"),  # 2048 rows: the largest count the rule takes
+    ((4, 2, 96), None, "projection"),     # a partial tile (the table runs the row loop)
+    ((5, 256), 64, "contiguous"),         # groups of 64 in one row
+], ids=["1x32x128-sliced", "64x32x128", "4x2x96-sliced", "5x256-groups64"])
+def test_decode_tile_keeps_the_table_tiles_bits(monkeypatch, shape, group_size, layout,
+                                                options, dtypes):
+    """Decode-size forwards take a one-warp tile (config.few_rows_forward_config): y must keep
+    the bits of the table's tile, which the rest of this suite holds to the composite."""
+    from gatednorm.kernels import config, launch
+
+    inputs = make_inputs(shape, dtypes, options, layout=layout)
+    kwargs = options.kwargs(group_size)
+    with torch.no_grad():
+        decode = gatednorm.rms_norm_gated(inputs.x, inputs.gate, inputs.weight, **kwargs)
+        assert [p.meta["num_warps"] for p in launch._PLANS.values()] == [1]
+        monkeypatch.setattr(config, "FORWARD_FEW_PROGRAMS", 0)
+        launch._PLANS.clear()
+        table = gatednorm.rms_norm_gated(inputs.x, inputs.gate, inputs.weight, **kwargs)
+    assert same_bits(decode, table)

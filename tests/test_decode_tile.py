@@ -1,0 +1,71 @@
+"""The decode tile: forwards over too few rows to fill the GPU with the table's tile take a
+one-warp tile of FEW_ROWS_TILE_ELEMENTS elements (config.few_rows_forward_config), with the
+same bits."""
+
+import pytest
+import torch
+
+import gatednorm
+from gatednorm.kernels import config, launch
+from gatednorm.kernels.config import LaunchConfig
+
+pytestmark = pytest.mark.usefixtures("decode_tile")
+
+
+@pytest.mark.parametrize("group_size, rows, num_groups, expected", [
+    # 32 rows of 128 (one decode token x 32 heads): 2 table tiles -> 16 two-row programs.
+    (128, 32, 1, LaunchConfig(2, 128, 1, False, 1)),
+    # 2048 rows: 128 table programs, under one per SM.
+    (128, 2048, 1, LaunchConfig(2, 128, 1, False, 1)),
+    # Narrow and partial groups: the same element count per program.
+    (64, 10, 1, LaunchConfig(4, 64, 1, False, 1)),
+    (96, 7, 1, LaunchConfig(2, 128, 1, False, 1)),
+    (3, 1, 1, LaunchConfig(64, 4, 1, False, 1)),
+], ids=["d128-32rows", "d128-2048rows", "d64", "d96-partial-tile", "d3"])
+def test_few_rows_take_the_decode_tile(group_size, rows, num_groups, expected):
+    table = config.forward_config(group_size)
+    assert config.few_rows_forward_config(table, rows, num_groups) == expected
+
+
+@pytest.mark.parametrize("group_size, rows, num_groups", [
+    (128, 2112, 1),   # 132 table programs: one per SM
+    (128, 1024, 4),   # four groups per row multiply the programs
+    (256, 8, 1),      # wider tiles keep the table (not measured at decode sizes)
+    (1024, 1, 8),
+    (20000, 1, 1),    # long rows
+], ids=["d128-2112rows", "d512-4groups", "d256", "d8192-8groups", "long-row"])
+def test_enough_programs_or_wider_tiles_keep_the_table(group_size, rows, num_groups):
+    table = config.forward_config(group_size)
+    assert config.few_rows_forward_config(table, rows, num_groups) == table
+
+
+def test_zero_turns_the_decode_tile_off(monkeypatch):
+    monkeypatch.setattr(config, "FORWARD_FEW_PROGRAMS", 0)
+    table = config.forward_config(128)
+    assert config.few_rows_forward_config(table, 1, 1) == table
+
+
+@pytest.mark.usefixtures("interpreter")
+@pytest.mark.parametrize("shape, group_size, options", [
+    ((1, 32, 128), None, dict(rounding="te")),
+    ((3, 5, 96), None, dict(rounding="hf", activation="sigmoid")),
+    ((4, 256), 64, dict(rounding="fp32", norm_before_gate=False, zero_centered_gamma=True)),
+], ids=["decode-d128-te", "d96-hf-sigmoid", "groups64-gate-first-fp32"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_decode_tile_gives_the_table_tiles_bits(monkeypatch, shape, group_size, options, dtype):
+    x = torch.randn(shape).to(dtype)
+    gate = (2 * torch.randn(shape)).to(dtype)
+    weight = (1 + 0.2 * torch.randn(shape[-1])).to(dtype)
+    with torch.no_grad():
+        decode = gatednorm.rms_norm_gated(x, gate, weight, group_size=group_size, **options)
+    (plan,) = launch._PLANS.values()
+    assert (plan.meta["BLOCK_ROWS"] * plan.meta["BLOCK_N"], plan.meta["num_warps"]) == (
+        config.FEW_ROWS_TILE_ELEMENTS, 1)
+
+    monkeypatch.setattr(config, "FORWARD_FEW_PROGRAMS", 0)
+    launch._PLANS.clear()
+    with torch.no_grad():
+        table = gatednorm.rms_norm_gated(x, gate, weight, group_size=group_size, **options)
+    (plan,) = launch._PLANS.values()
+    assert plan.meta["num_warps"] > 1
+    assert torch.equal(decode, table)
