@@ -62,3 +62,20 @@ def test_row_loop_matches_the_tile_kernel(monkeypatch, layout, d, group_size, no
     got = _forward(x, gate, weight, **options)
     assert launched[1:] == [forward_kernels.forward_row_loop_kernel]
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("x_dtype, gate_dtype", [
+    (torch.float32, torch.float32), (torch.float32, torch.bfloat16),
+    (torch.bfloat16, torch.float32)], ids=["fp32", "fp32-bf16-gate", "bf16-fp32-gate"])
+def test_an_fp32_input_keeps_the_one_tile_kernel(monkeypatch, x_dtype, gate_dtype):
+    """The row loop's pipelined fp32 loads changed rstd's last bit between kernel variants on
+    the GPU; the launcher keeps fp32 inputs on the one-tile kernel whatever the table says."""
+    launched = []
+    original = launch.CachedLaunch
+    monkeypatch.setattr(launch, "CachedLaunch",
+                        lambda kernel, meta: launched.append(kernel) or original(kernel, meta))
+    x = torch.randn(39, 96, dtype=x_dtype)
+    gate = torch.randn(39, 96, dtype=gate_dtype)
+    assert config.forward_config(96).loop_stages > 1
+    _forward(x, gate, None)
+    assert launched == [forward_kernels.forward_tile_kernel]

@@ -15,6 +15,7 @@ import gatednorm
 
 from .helpers import (
     BF16,
+    BF16_GATE_FP32,
     DTYPES,
     FP16,
     FP32_GATE_BF16,
@@ -68,6 +69,12 @@ def test_realistic_sizes(case, report, request):
 
 @pytest.mark.parametrize("case", (
     Case("tile-d128", (199, 128), Options("te")),
+    Case("row-loop-d96", (199, 96), Options("hf", activation="sigmoid")),
+    Case("row-loop-d192-fp16-sliced-gate", (40001, 192), Options("te"), FP16,
+         layout="projection"),
+    Case("fp32-d96-bf16-gate", (199, 96), Options("fp32"), FP32_GATE_BF16),
+    Case("bf16-d192-fp32-gate", (199, 192), Options("te", norm_before_gate=False),
+         BF16_GATE_FP32),
     Case("tile-groups-sliced-gate", (7, 33, 384), Options("hf", norm_before_gate=False), FP16,
          128, "projection"),
     Case("one-row-tiles-d5000", (9, 5000), Options("fp32", weight="fp32")),
@@ -86,7 +93,8 @@ def test_inference_forward_matches_training_forward(case):
 
 
 @pytest.mark.usefixtures("decode_tile")
-@pytest.mark.parametrize("dtypes", (BF16, FP16, FP32_GATE_BF16), ids=lambda d: d.id)
+@pytest.mark.parametrize("dtypes", (BF16, FP16, FP32_GATE_BF16, BF16_GATE_FP32),
+                         ids=lambda d: d.id)
 # Every seventh combination: each rounding, activation, order and weight variant appears; the
 # tile changes only which programs own which rows, not the arithmetic the options select.
 @pytest.mark.parametrize("options", OPTION_SPACE[::7], ids=lambda o: o.id)
