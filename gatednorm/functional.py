@@ -19,6 +19,48 @@ def _runs_fused(x: torch.Tensor) -> bool:
     return x.device.type == "cuda" or (ops.INTERPRET and x.device.type == "cpu")
 
 
+# Argument signatures that passed every check, mapped to what the call then does. At decode
+# size the checks cost about as much host time as the kernel launch; a model calls the op
+# with a handful of signatures, so each is checked once. A signature holds every property a
+# check reads (shapes, dtypes, devices, option values with their exact types), so a call that
+# would fail a check never matches one that passed.
+_CHECKED: dict[tuple, tuple[bool, int]] = {}
+_MAX_CHECKED = 4096
+
+
+def _signature(x, gate, weight, eps, zero_centered_gamma, activation, norm_before_gate,
+               group_size, rounding) -> tuple | None:
+    """The call's signature, or None when an argument has another type than the common ones
+    (such calls always take the full checks)."""
+    if (type(x) is not torch.Tensor or type(gate) is not torch.Tensor
+            or type(eps) is not float or type(zero_centered_gamma) is not bool
+            or type(norm_before_gate) is not bool or type(activation) is not str
+            or type(rounding) is not str
+            or not (group_size is None or type(group_size) is int)):
+        return None
+    if weight is None:
+        weight_part = None
+    elif isinstance(weight, torch.Tensor):
+        weight_part = (weight.shape, weight.dtype, weight.device)
+    else:
+        return None
+    return (x.shape, x.dtype, x.device, gate.shape, gate.dtype, gate.device, weight_part,
+            eps, zero_centered_gamma, activation, norm_before_gate, group_size, rounding)
+
+
+def _check(x, gate, weight, eps, zero_centered_gamma, activation, norm_before_gate,
+           group_size, rounding) -> tuple[bool, int]:
+    """Every argument check; returns (runs the fused kernels, the group size as an int)."""
+    check_options(eps=eps, activation=activation, rounding=rounding,
+                  zero_centered_gamma=zero_centered_gamma, norm_before_gate=norm_before_gate)
+    check_tensors(x, gate, weight, zero_centered_gamma)
+    group = check_group_size(group_size, x.shape[-1])
+    fused = _runs_fused(x)
+    if fused:
+        check_kernel_rows(x)
+    return fused, group
+
+
 def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None = None, *,
                    eps: float = 1e-6, zero_centered_gamma: bool = False,
                    activation: str = "silu", norm_before_gate: bool = True,
@@ -59,19 +101,27 @@ def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | N
     Triton kernels through the interpreter when ``TRITON_INTERPRET=1`` is set. Under
     ``torch.autocast`` the inputs are taken as given (no cast is inserted).
     """
-    check_options(eps=eps, activation=activation, rounding=rounding,
-                  zero_centered_gamma=zero_centered_gamma, norm_before_gate=norm_before_gate)
-    check_tensors(x, gate, weight, zero_centered_gamma)
-    group = check_group_size(group_size, x.shape[-1])
+    compiling = torch.compiler.is_compiling()
+    signature = None if compiling else _signature(
+        x, gate, weight, eps, zero_centered_gamma, activation, norm_before_gate, group_size,
+        rounding)
+    checked = _CHECKED.get(signature) if signature is not None else None
+    if checked is None:
+        checked = _check(x, gate, weight, eps, zero_centered_gamma, activation,
+                         norm_before_gate, group_size, rounding)
+        if signature is not None:
+            if len(_CHECKED) >= _MAX_CHECKED:
+                _CHECKED.clear()
+            _CHECKED[signature] = checked
+    fused, group = checked
     eps = float(eps)
 
-    if not _runs_fused(x):
+    if not fused:
         return reference.rms_norm_gated(
             x, gate, weight, eps=eps, zero_centered_gamma=zero_centered_gamma,
             activation=activation, norm_before_gate=norm_before_gate, group_size=group,
             rounding=rounding)
 
-    check_kernel_rows(x)
     # The kernels need a unit-stride last dim; every other stride is handled in place.
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -80,7 +130,7 @@ def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | N
     if weight is not None and weight.stride(-1) != 1:
         weight = weight.contiguous()
 
-    if torch.compiler.is_compiling():
+    if compiling:
         y, _ = ops.rms_norm_gated_fwd(x, gate, weight, eps, zero_centered_gamma, activation,
                                       norm_before_gate, group, rounding)
         return y

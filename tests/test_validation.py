@@ -204,3 +204,70 @@ def test_2_31_minus_1_rows_pass_the_row_check():
     from gatednorm.validation import MAX_KERNEL_ROWS, check_kernel_rows
 
     check_kernel_rows(torch.empty(1, 16).expand(MAX_KERNEL_ROWS, 16))
+
+
+# The checks run once per argument signature (functional._CHECKED); a bad call must raise
+# even right after a good call with the same tensors.
+_GOOD = dict(eps=1e-6, zero_centered_gamma=True, activation="silu", norm_before_gate=True,
+             group_size=8, rounding="te")
+
+
+@pytest.mark.parametrize("bad, error", [
+    (dict(eps=float("nan")), ValueError),
+    (dict(eps=-1e-6), ValueError),
+    (dict(eps=True), TypeError),
+    (dict(zero_centered_gamma=1), TypeError),
+    (dict(norm_before_gate=0), TypeError),
+    (dict(group_size=True), TypeError),
+    (dict(group_size=8.0), TypeError),
+    (dict(group_size=5), ValueError),
+    (dict(activation=["silu"]), ValueError),
+    (dict(activation="relu"), ValueError),
+    (dict(rounding="bf16"), ValueError),
+], ids=lambda v: next(iter(v)) + "=" + repr(next(iter(v.values()))) if isinstance(v, dict)
+    else v.__name__)
+def test_a_bad_option_raises_after_a_good_call_with_the_same_tensors(bad, error):
+    x, gate, weight = _inputs()
+    gatednorm.rms_norm_gated(x, gate, weight, **_GOOD)
+    with pytest.raises(error):
+        gatednorm.rms_norm_gated(x, gate, weight, **{**_GOOD, **bad})
+
+
+@pytest.mark.parametrize("change", ["gate dtype", "gate shape", "weight dtype", "weight shape",
+                                    "no weight", "weight a list", "x a list"])
+def test_a_bad_tensor_raises_after_a_good_call(change):
+    x, gate, weight = _inputs()
+    gatednorm.rms_norm_gated(x, gate, weight, **_GOOD)
+    if change == "gate dtype":
+        gate = gate.to(torch.int32)
+    elif change == "gate shape":
+        gate = gate[:, :8]
+    elif change == "weight dtype":
+        weight = weight.to(torch.float64)
+    elif change == "weight shape":
+        weight = weight[:8]
+    elif change == "no weight":
+        weight = None  # with zero_centered_gamma=True
+    elif change == "weight a list":
+        weight = weight.tolist()
+    else:
+        x = x.tolist()
+    with pytest.raises((TypeError, ValueError)):
+        gatednorm.rms_norm_gated(x, gate, weight, **_GOOD)
+
+
+def test_the_checks_run_once_per_signature(monkeypatch):
+    from gatednorm import functional
+
+    calls = []
+    real_check = functional._check
+    monkeypatch.setattr(functional, "_check", lambda *a: calls.append(1) or real_check(*a))
+    monkeypatch.setattr(functional, "_CHECKED", {})
+    x, gate, weight = _inputs((3, 16))
+    for _ in range(3):
+        gatednorm.rms_norm_gated(x, gate, weight, **_GOOD)
+    assert len(calls) == 1
+    gatednorm.rms_norm_gated(x[:2], gate[:2], weight, **_GOOD)  # another shape
+    gatednorm.rms_norm_gated(x, gate, weight, **{**_GOOD, "eps": 1e-5})  # another eps
+    gatednorm.rms_norm_gated(x, gate, weight.float(), **_GOOD)  # another weight dtype
+    assert len(calls) == 4
