@@ -54,7 +54,7 @@ def test_second_call_relaunches_the_compiled_kernel_with_every_parameter_in_orde
     x, y = _tensors()
     launch((3, 2), (x, y), (8,))
     assert len(kernel.calls) == 1
-    compiled = launch.compiled[(True, True)]
+    compiled = launch.compiled[fast_launch.ALL_ALIGNED]
     launch((5, 2), (x, y), (9,))
     assert len(kernel.calls) == 1, "the second call must not go through kernel[grid]"
     (call,) = compiled.runs
@@ -72,8 +72,10 @@ def test_a_new_pointer_alignment_compiles_a_new_variant(fake_driver):
     launch((1,), (x, y), (8,))
     unaligned, _ = _tensors(offset_elements=1)
     launch((1,), (unaligned, y), (8,))
-    assert len(kernel.calls) == 2
-    assert set(launch.compiled) == {(True, True), (False, True)}
+    launch((1,), (y, unaligned), (8,))
+    launch((1,), (unaligned, y), (8,))  # seen before: no new compile
+    assert len(kernel.calls) == 3
+    assert set(launch.compiled) == {fast_launch.ALL_ALIGNED, (False, True), (True, False)}
 
 
 def test_interpreted_kernels_are_never_cached(fake_driver):

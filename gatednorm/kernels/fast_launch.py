@@ -14,6 +14,9 @@ runs instead.
 
 from __future__ import annotations
 
+from functools import reduce
+from operator import or_
+
 import torch
 
 try:
@@ -22,6 +25,11 @@ try:
 except ImportError:  # older Triton: always use the normal launch
     knobs = None
     driver = None
+
+
+_data_ptr = torch.Tensor.data_ptr
+# The compiled-variant key when every pointer is 16-byte aligned (else one bool per pointer).
+ALL_ALIGNED = "all aligned"
 
 
 def _hooks_installed() -> bool:
@@ -55,8 +63,11 @@ class CachedLaunch:
         if knobs is None or _hooks_installed():
             self.kernel[grid](*tensors, *scalars, **self.meta)
             return
-        addresses = tuple(t.data_ptr() for t in tensors)
-        key = tuple(address % 16 == 0 for address in addresses)
+        addresses = tuple(map(_data_ptr, tensors))
+        # Nearly every call has every pointer 16-byte aligned: one OR decides that, where a
+        # per-pointer tuple costs about a microsecond more per call on a slow host.
+        key = (ALL_ALIGNED if reduce(or_, addresses) & 15 == 0
+               else tuple(address % 16 == 0 for address in addresses))
         compiled = self.compiled.get(key)
         if compiled is None:
             compiled = self.kernel[grid](*tensors, *scalars, **self.meta)
