@@ -22,12 +22,12 @@ from gatednorm.kernels.backward import (
 )
 from gatednorm.kernels.config import (
     BACKWARD_TARGET_PROGRAMS,
-    backward_chunking,
     DEFAULT_SHARED_MEMORY_BYTES,
+    backward_chunking,
     backward_config,
+    few_rows_forward_config,
     fit_shared_memory,
     forward_chunking,
-    few_rows_forward_config,
     forward_config,
 )
 from gatednorm.kernels.fast_launch import CachedLaunch
