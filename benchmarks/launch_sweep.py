@@ -98,33 +98,34 @@ def parse_tiles(text: str) -> dict[int, list[tuple[int, int]]]:
     return tiles
 
 
+def _candidates(shape: Shape, tiles: dict, library_tiles: dict, long_rows: list,
+                tile_stages, long_row_stages) -> list[LaunchConfig]:
+    """Tiles wherever the sweep has candidates (--forward-tiles / --backward-tiles may add
+    wider ones than the library's table), long rows wherever that table would use them."""
+    block_n = triton.next_power_of_2(shape.group_size)
+    candidates = [LaunchConfig(rows, block_n, warps, False, s)
+                  for rows, warps in tiles.get(block_n, []) for s in tile_stages]
+    if block_n > max(library_tiles):
+        candidates += [LaunchConfig(1, n, w, True, s) for n, w in long_rows
+                       for s in long_row_stages]
+    return candidates
+
+
 def forward_candidates(shape: Shape, stages, tile_stages=(1,)) -> list[LaunchConfig]:
     """Tile candidates at each of ``tile_stages`` (1: the one-tile kernel; more: the row-loop
     kernel, prefetching that deep); long rows at each of ``stages``."""
-    block_n = triton.next_power_of_2(shape.group_size)
-    # Tiles wherever the sweep has candidates (--forward-tiles may add wider ones), long rows
-    # wherever the library's table would use them.
-    candidates = [LaunchConfig(rows, block_n, warps, False, s)
-                  for rows, warps in FORWARD_TILES.get(block_n, []) for s in tile_stages]
-    if block_n > max(config_module.FORWARD_TILES):
-        candidates += [LaunchConfig(1, n, w, True, s) for n, w in FORWARD_LONG_ROWS
-                       for s in stages]
-    return candidates
+    return _candidates(shape, FORWARD_TILES, config_module.FORWARD_TILES, FORWARD_LONG_ROWS,
+                       tile_stages, stages)
+
+
+def backward_candidates(shape: Shape, stages) -> list[LaunchConfig]:
+    return _candidates(shape, BACKWARD_TILES, config_module.BACKWARD_TILES, BACKWARD_LONG_ROWS,
+                       stages, stages)
 
 
 def parse_long_rows(text: str) -> list[tuple[int, int]]:
     """``"4096x8,2048x4"`` -> [(4096, 8), (2048, 4)] (block_n x warps)."""
     return [tuple(int(v) for v in c.split("x")) for c in filter(None, text.split(","))]
-
-
-def backward_candidates(shape: Shape, stages) -> list[LaunchConfig]:
-    block_n = triton.next_power_of_2(shape.group_size)
-    candidates = [LaunchConfig(rows, block_n, warps, False, s)
-                  for rows, warps in BACKWARD_TILES.get(block_n, []) for s in stages]
-    if block_n > max(config_module.BACKWARD_TILES):
-        candidates += [LaunchConfig(1, n, w, True, s) for n, w in BACKWARD_LONG_ROWS
-                       for s in stages]
-    return candidates
 
 
 def compiled_resources(kernel) -> dict:

@@ -65,17 +65,15 @@ def _table_tiles(monkeypatch):
     """Tests run the launch table's tiles: the small shapes they use would otherwise all take
     the decode tile (config.few_rows_forward_config), and the table's multi-row tiles, row
     masks and row loop would go untested. Tests of the decode tile ask for ``decode_tile``."""
-    from gatednorm.kernels import config
-
-    monkeypatch.setattr(config, "FORWARD_FEW_PROGRAMS", 0)
+    monkeypatch.setattr(_config, "FORWARD_FEW_PROGRAMS", 0)
 
 
 @pytest.fixture
 def decode_tile(monkeypatch):
     """The shipped decode-tile rule on; launch plans built under it are dropped after."""
-    from gatednorm.kernels import config, launch
+    from gatednorm.kernels import launch
 
-    monkeypatch.setattr(config, "FORWARD_FEW_PROGRAMS", DECODE_FEW_PROGRAMS)
+    monkeypatch.setattr(_config, "FORWARD_FEW_PROGRAMS", DECODE_FEW_PROGRAMS)
     launch._PLANS.clear()
     yield
     launch._PLANS.clear()
