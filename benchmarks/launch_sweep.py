@@ -3,11 +3,16 @@
 Run from the repository root on a CUDA machine::
 
     python benchmarks/launch_sweep.py [--passes fwd,bwd] [--shapes d128,d1024,...] [--out F]
+        [--timer graph|cold] [--dtype bf16|fp16] [--gate contiguous|proj]
 
 For each shape it times every candidate configuration of the forward and/or the backward
 (backward = the main kernel plus the two dweight reduction launches, as a user's backward
-runs) with ``triton.testing.do_bench_cudagraph`` on tensors much larger than the L2, and
-writes one record per candidate to a JSON file (rewritten after every shape). It replaces
+runs) and writes one record per candidate to a JSON file (rewritten after every shape).
+``--timer graph`` (default) replays a CUDA graph of back-to-back calls
+(``triton.testing.do_bench_cudagraph``) on tensors much larger than the L2; ``--timer cold``
+times single calls the way ``python -m gatednorm.bench`` does (gatednorm.bench.timing.measure:
+a spin kernel before each call, inputs rotated so the L2 is cold), which includes each launch's
+ramp-up and last-wave tail that back-to-back replays overlap. It replaces
 gatednorm's config functions for the duration of the sweep; the table in
 gatednorm/kernels/config.py is read off its output (see docs/perf-notes.md).
 """
@@ -28,6 +33,8 @@ import torch
 import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
+from gatednorm.bench import timing as bench_timing
+
 from gatednorm.kernels import backward as backward_kernels
 from gatednorm.kernels import config as config_module
 from gatednorm.kernels import forward as forward_kernels
@@ -47,6 +54,10 @@ class Shape:
 SHAPES = {
     # GDN heads (rows = tokens x heads), 2^26 elements.
     "d128": Shape("d128", 1 << 19, 128, 128, True),
+    # The benchmark's GDN 4096 tokens x 32 heads and its D=64 / D=1024 sweep points.
+    "gdn4096x32": Shape("gdn4096x32", 1 << 17, 128, 128, True),
+    "d64": Shape("d64", 786432, 64, 64, True),
+    "d1024": Shape("d1024", 49152, 1024, 1024, True),
     # Mamba2 8192 x 5120, groups of 640, gate first.
     "mamba2": Shape("mamba2", 8192, 5120, 640, False),
     # Nemotron-H 8192 x 8192, groups of 1024, gate first.
@@ -143,15 +154,55 @@ def forget_compiled(kernel) -> None:
         cache[0].clear()
 
 
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# Heads per token when --gate proj slices the gate from a [tokens, 3 * heads * d] projection.
+PROJ_HEADS = 32
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, gate_layout: str):
+    """(x, gate, weight, dy) for ``shape``; with ``gate_layout`` "proj" the gate is the middle
+    third of a projection output, as the benchmark's "proj" cases (row stride 3 x heads x d)."""
+    x = torch.randn(shape.rows, shape.d, device="cuda", dtype=dtype)
+    if gate_layout == "proj":
+        tokens = shape.rows // PROJ_HEADS
+        width = PROJ_HEADS * shape.d
+        proj = torch.randn(tokens, 3 * width, device="cuda", dtype=dtype)
+        gate = proj[:, width:2 * width].view(tokens, PROJ_HEADS, shape.d)
+        x = x.view(tokens, PROJ_HEADS, shape.d)
+    else:
+        gate = torch.randn_like(x)
+    weight = torch.randn(shape.d, device="cuda", dtype=dtype)
+    return x, gate, weight, torch.randn_like(x)
+
+
+def make_timer(kind: str, shape: Shape, dtype: torch.dtype, gate_layout: str, inputs):
+    """time(call) -> median ms, where ``call(x, gate, weight, dy)`` runs one pass.
+
+    graph: back-to-back replays of one input set. cold: single calls rotated over enough input
+    sets to keep the L2 cold, as the benchmark measures."""
+    if kind == "graph":
+        def time_graph(call):
+            return do_bench_cudagraph(lambda: call(*inputs), rep=30, return_mode="median")
+        return time_graph
+    set_bytes = 6 * shape.rows * shape.d * inputs[0].element_size()
+    sets = max(bench_timing.MIN_SETS, -(-bench_timing.ROTATION_L2_MULTIPLE
+                                       * bench_timing.l2_bytes(torch.device("cuda"))
+                                       // set_bytes))
+    all_inputs = [inputs] + [make_inputs(shape, dtype, gate_layout) for _ in range(sets - 1)]
+
+    def time_cold(call):
+        calls = [lambda i=i: call(*i) for i in all_inputs]
+        return bench_timing.measure(calls, torch.device("cuda"), bench_timing.FULL).median_ms
+    return time_cold
+
+
 def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: list[int],
                 copy_gbps: float, options: dict, forward_stages=(1,),
-                forward_targets=(1584,), min_rows_per_chunk=(None,)) -> list[dict]:
-    device = "cuda"
-    dtype = torch.bfloat16
-    x = torch.randn(shape.rows, shape.d, device=device, dtype=dtype)
-    gate = torch.randn_like(x)
-    weight = torch.randn(shape.d, device=device, dtype=dtype)
-    dy = torch.randn_like(x)
+                forward_targets=(1584,), min_rows_per_chunk=(None,), timer="graph",
+                dtype=torch.bfloat16, gate_layout="contiguous") -> list[dict]:
+    inputs = make_inputs(shape, dtype, gate_layout)
+    x, gate, weight, dy = inputs
+    time_call = make_timer(timer, shape, dtype, gate_layout, inputs)
     elements = x.numel()
     common = dict(group_size=shape.group_size, norm_before_gate=shape.norm_before_gate,
                   traceable=False, **options)
@@ -159,7 +210,8 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
 
     def record(pass_name, config, target, ms, kernel, bytes_per_element, min_rows=None):
         gbps = bytes_per_element * elements / (ms * 1e-3) / 1e9
-        entry = dict(shape=shape.name, rows=shape.rows, d=shape.d, group_size=shape.group_size,
+        entry = dict(shape=shape.name, dtype=str(dtype).removeprefix("torch."),
+                     gate_layout=gate_layout, timer=timer, rows=shape.rows, d=shape.d, group_size=shape.group_size,
                      norm_before_gate=shape.norm_before_gate, pass_=pass_name,
                      config=asdict(config), target_programs=target,
                      min_rows_per_chunk=min_rows or config_module.MIN_ROWS_PER_CHUNK,
@@ -187,9 +239,8 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                     config_module.FORWARD_TARGET_PROGRAMS = target
                 launch._PLANS.clear()
                 try:
-                    ms = do_bench_cudagraph(
-                        lambda: launch.forward(x, gate, weight, eps=1e-6, store_rstd=False,
-                                               **common), rep=30, return_mode="median")
+                    ms = time_call(lambda x, gate, weight, dy: launch.forward(
+                        x, gate, weight, eps=1e-6, store_rstd=False, **common))
                 except Exception as error:  # a candidate that does not compile is reported
                     print("fwd failed", shape.name, config, repr(error)[:300], flush=True)
                     continue
@@ -202,7 +253,15 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
         saved_target = config_module.BACKWARD_TARGET_PROGRAMS
         saved_min_rows = config_module.MIN_ROWS_PER_CHUNK
         launch._PLANS.clear()
-        _, rstd = launch.forward(x, gate, weight, eps=1e-6, **common)
+        rstds = {}
+
+        def rstd_of(x, gate, weight):
+            # Computed once per input set, outside the timed calls (the plan cache is
+            # cleared for each candidate, and the forward's plan is not swept here).
+            if x.data_ptr() not in rstds:
+                rstds[x.data_ptr()] = launch.forward(x, gate, weight, eps=1e-6, **common)[1]
+            return rstds[x.data_ptr()]
+
         for config in backward_candidates(shape, stages):
             kernel = (backward_kernels.backward_long_row_kernel if config.long_row
                       else backward_kernels.backward_tile_kernel)
@@ -212,9 +271,8 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                 config_module.MIN_ROWS_PER_CHUNK = min_rows or saved_min_rows
                 launch._PLANS.clear()
                 try:
-                    ms = do_bench_cudagraph(
-                        lambda: launch.backward(dy, x, gate, weight, rstd, **common),
-                        rep=30, return_mode="median")
+                    ms = time_call(lambda x, gate, weight, dy: launch.backward(
+                        dy, x, gate, weight, rstd_of(x, gate, weight), **common))
                 except Exception as error:
                     print("bwd failed", shape.name, config, repr(error)[:300], flush=True)
                     continue
@@ -248,6 +306,11 @@ def main() -> None:
                         help="backward MIN_ROWS_PER_CHUNK values to try (default: the table's)")
     parser.add_argument("--long-rows", default="",
                         help='replace long-row candidates (both passes), e.g. "4096x8,2048x4"')
+    parser.add_argument("--timer", choices=("graph", "cold"), default="graph",
+                        help="graph: CUDA-graph replay; cold: single calls as the benchmark")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--gate", choices=("contiguous", "proj"), default="contiguous",
+                        help="proj: gate sliced from a [tokens, 3 x 32 x d] projection")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."),
                                                       "launch-sweep.json"))
     args = parser.parse_args()
@@ -267,8 +330,12 @@ def main() -> None:
         gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
         python=platform.python_version(), date=datetime.date.today().isoformat(),
         command="python benchmarks/launch_sweep.py " + " ".join(sys.argv[1:]),
-        method="kernel time by CUDA-graph replay (triton.testing.do_bench_cudagraph, median), "
-               "bf16, rounding te, silu, bf16 weight; backward = main kernel + dweight reduction",
+        method=(("kernel time by CUDA-graph replay (triton.testing.do_bench_cudagraph, median)"
+                 if args.timer == "graph" else
+                 "single calls as gatednorm.bench times them (spin kernel before each call, "
+                 "inputs rotated, L2 cold; median)")
+                + f", {args.dtype}, gate {args.gate}, rounding te, silu, weight in x's dtype; "
+                "backward = main kernel + dweight reduction"),
         copy_gbps=copy_gbps, records=[])
     options = dict(zero_centered_gamma=False, activation="silu", rounding="te")
     for name in args.shapes.split(","):
@@ -277,7 +344,8 @@ def main() -> None:
             SHAPES[name], passes, [int(v) for v in args.stages.split(",")],
             [int(v) for v in args.targets.split(",")], copy_gbps, options,
             [int(v) for v in args.forward_stages.split(",")],
-            [int(v) for v in args.forward_targets.split(",")], min_rows)
+            [int(v) for v in args.forward_targets.split(",")], min_rows, args.timer,
+            DTYPES[args.dtype], args.gate)
         with open(args.out, "w") as handle:
             json.dump(result, handle, indent=1)
         print(f"{name} done in {time.perf_counter() - start:.0f} s", flush=True)
