@@ -93,11 +93,11 @@ def dtype_id(dtype: torch.dtype) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# NaN poisoning. The library allocates its own outputs with torch.empty; on CPU a fresh
-# allocation is usually zero pages or a recycled block, neither of which reliably looks wrong.
-# Patching torch.empty for the duration of a call makes every allocation the launchers make
-# (y, rstd, dx, dgate, dweight and the dweight partials) start as NaN, so an element a kernel
-# forgets to write cannot match a finite reference.
+# NaN poisoning. The library allocates its own outputs with torch.empty and torch.empty_like;
+# on CPU a fresh allocation is usually zero pages or a recycled block, neither of which reliably
+# looks wrong. Patching both for the duration of a call makes every allocation the launchers
+# make (y, rstd, dx, dgate, dweight and the dweight partials) start as NaN, so an element a
+# kernel forgets to write cannot match a finite reference.
 
 
 def _nan_empty(real_empty):
@@ -112,12 +112,12 @@ def _nan_empty(real_empty):
 
 @contextlib.contextmanager
 def nan_poisoned_empty():
-    real_empty = torch.empty
-    torch.empty = _nan_empty(real_empty)
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+    torch.empty, torch.empty_like = _nan_empty(real_empty), _nan_empty(real_empty_like)
     try:
         yield
     finally:
-        torch.empty = real_empty
+        torch.empty, torch.empty_like = real_empty, real_empty_like
 
 
 # ---------------------------------------------------------------------------------------------
