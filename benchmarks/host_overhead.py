@@ -74,7 +74,8 @@ def main() -> None:
             x, gate, weight, eps=1e-6, traceable=False, store_rstd=False, **options),
         "ops.eager_rms_norm_gated, no grad": lambda: ops.eager_rms_norm_gated(
             x, gate, weight, 1e-6, False, "silu", True, 128, "te"),
-        "rms_norm_gated, no grad": lambda: gatednorm.rms_norm_gated(x, gate, weight),
+        "rms_norm_gated, no grad (bound inference launcher)": lambda: gatednorm.rms_norm_gated(
+            x, gate, weight),
         "rms_norm_gated, grad enabled (autograd.Function)": lambda: gatednorm.rms_norm_gated(
             x_grad, gate, weight_grad),
         "launch.backward (cached relaunch, 3 launches)": lambda: launch.backward(
@@ -87,6 +88,8 @@ def main() -> None:
     tensors, scalars = plan_args[:5], plan_args[5:]
     steps["CachedLaunch (relaunch path)"] = lambda: plan.cached_launch(plan.grid, tensors,
                                                                        scalars)
+    steps["CachedLaunch, a new y each call"] = lambda: plan.cached_launch(
+        plan.grid, (x, gate, weight, *(2 * [torch.empty_like(x)])), scalars)
     compiled = next(iter(plan.cached_launch.compiled.values()), None)
     if compiled is not None:
         constexprs = plan.cached_launch.constexpr_values
@@ -98,6 +101,11 @@ def main() -> None:
         steps["compiled.run, pointers as tensors"] = lambda: compiled.run(
             plan.grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None,
             None, None, *tensors, *scalars, *constexprs)
+        relaunch_fn, head = next(iter(plan.cached_launch.relaunch.values()))
+        name = getattr(relaunch_fn, "__name__", type(relaunch_fn).__name__)
+        steps[f"relaunch function ({name})"] = (
+            lambda: relaunch_fn(plan.grid[0], 1, 1, stream, *head, *addresses, *scalars,
+                                *constexprs))
         steps["driver.active.get_current_stream"] = (
             lambda: driver.active.get_current_stream(0))
     results = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from gatednorm import ops, reference
+from gatednorm.kernels import launch
 from gatednorm.validation import (
     check_group_size,
     check_kernel_rows,
@@ -46,6 +47,11 @@ def _signature(x, gate, weight, eps, zero_centered_gamma, activation, norm_befor
         return None
     return (x.shape, x.dtype, x.device, gate.shape, gate.dtype, gate.device, weight_part,
             eps, zero_centered_gamma, activation, norm_before_gate, group_size, rounding)
+
+
+def _needs_grad(x: torch.Tensor, gate: torch.Tensor, weight) -> bool:
+    return torch.is_grad_enabled() and (
+        x.requires_grad or gate.requires_grad or (weight is not None and weight.requires_grad))
 
 
 def _check(x, gate, weight, eps, zero_centered_gamma, activation, norm_before_gate,
@@ -105,6 +111,16 @@ def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | N
     signature = None if compiling else _signature(
         x, gate, weight, eps, zero_centered_gamma, activation, norm_before_gate, group_size,
         rounding)
+    inference = None
+    if signature is not None and not _needs_grad(x, gate, weight):
+        # A call that needs no gradient, with a signature and strides seen before, is one
+        # dictionary lookup away from its launch (a decode step, on a slow host, spends more
+        # time here than in the kernel).
+        inference = ("inference", signature, x.stride(), gate.stride(),
+                     None if weight is None else weight.stride())
+        launcher = launch.inference_launcher(inference)
+        if launcher is not None:
+            return launcher(x, gate, weight)
     checked = _CHECKED.get(signature) if signature is not None else None
     if checked is None:
         checked = _check(x, gate, weight, eps, zero_centered_gamma, activation,
@@ -123,16 +139,22 @@ def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | N
             rounding=rounding)
 
     # The kernels need a unit-stride last dim; every other stride is handled in place.
+    copied = False
     if x.stride(-1) != 1:
-        x = x.contiguous()
+        x, copied = x.contiguous(), True
     if gate.stride(-1) != 1:
-        gate = gate.contiguous()
+        gate, copied = gate.contiguous(), True
     if weight is not None and weight.stride(-1) != 1:
-        weight = weight.contiguous()
+        weight, copied = weight.contiguous(), True
 
     if compiling:
         y, _ = ops.rms_norm_gated_fwd(x, gate, weight, eps, zero_centered_gamma, activation,
                                       norm_before_gate, group, rounding)
         return y
+    if inference is not None and not copied:
+        return launch.inference_forward(
+            inference, x, gate, weight, eps=eps, zero_centered_gamma=zero_centered_gamma,
+            activation=activation, norm_before_gate=norm_before_gate, group_size=group,
+            rounding=rounding)
     return ops.eager_rms_norm_gated(x, gate, weight, eps, zero_centered_gamma, activation,
                                     norm_before_gate, group, rounding)

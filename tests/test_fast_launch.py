@@ -128,3 +128,60 @@ def test_the_installed_triton_has_no_launch_hook_by_default():
     if knobs.runtime.launch_enter_hook is not None:
         assert hasattr(knobs.runtime.launch_enter_hook, "calls")
     assert not fast_launch._hooks_installed()
+
+
+class FakeLauncher:
+    """A CompiledKernel.run of the shape DIRECT_LAUNCH_TRITON releases have."""
+
+    launch_cooperative_grid = False
+    launch_pdl = True
+
+    def __init__(self, scratch_bytes):
+        self.global_scratch_size = scratch_bytes
+        self.profile_scratch_size = 0
+        self.launches, self.runs = [], []
+        self.launch = lambda *call: self.launches.append(call)
+
+    def __call__(self, *call):
+        self.runs.append(call)
+
+
+@pytest.mark.parametrize("scratch_bytes", [0, 256])
+def test_a_kernel_without_scratch_is_launched_by_the_compiled_launch_function(
+        fake_driver, monkeypatch, scratch_bytes):
+    monkeypatch.setattr(fast_launch, "DIRECT_LAUNCH_TRITON", (fast_launch.triton.__version__,))
+    kernel = FakeKernel()
+    launch = fast_launch.CachedLaunch(kernel, {"FLAG": True, "BLOCK": 16})
+    x, y = _tensors()
+    launch((3,), (x, y), (8,))
+    launcher = FakeLauncher(scratch_bytes)
+    launch.compiled[fast_launch.ALL_ALIGNED].run = launcher
+    launch.relaunch.clear()
+    launch.relaunch[fast_launch.ALL_ALIGNED] = fast_launch._launcher_and_head(
+        launch.compiled[fast_launch.ALL_ALIGNED])
+    launch((5,), (x, y), (9,))
+    args = (x.data_ptr(), y.data_ptr(), 9, 16, True)
+    if scratch_bytes:  # the scratch must be allocated by run itself
+        assert launcher.launches == [] and launcher.runs == [
+            (5, 1, 1, "streamNone", "function-handle", "packed", None, None, None, *args)]
+    else:
+        assert launcher.runs == [] and launcher.launches == [
+            (5, 1, 1, "streamNone", "function-handle", False, True, None, None, "packed",
+             None, None, None, *args)]
+
+
+def test_the_installed_triton_launcher_does_what_the_direct_launch_assumes():
+    """For a release in DIRECT_LAUNCH_TRITON, CudaLauncher.__call__ must pass its arguments to
+    launch in the order _launcher_and_head builds them, after the (skipped) scratch allocation."""
+    import inspect
+
+    import triton
+
+    if not triton.__version__.startswith(fast_launch.DIRECT_LAUNCH_TRITON):
+        pytest.skip(f"Triton {triton.__version__} is not a direct-launch release")
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    source = " ".join(inspect.getsource(CudaLauncher.__call__).split())
+    assert "def __call__(self, gridX, gridY, gridZ, stream, function, *args):" in source
+    assert ("self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, "
+            "self.launch_pdl, global_scratch, profile_scratch, *args)") in source

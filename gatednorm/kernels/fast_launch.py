@@ -9,7 +9,9 @@ kernel is cached on that and launched through its own launcher.
 This reaches into Triton's CompiledKernel (``run``, ``function``, ``packed_metadata``),
 which is stable across the 3.x releases but not public: whenever it is missing, a launch hook
 is installed (profilers), or the kernel is interpreted, the normal ``kernel[grid](...)`` path
-runs instead.
+runs instead. With the Triton releases whose launcher was read (DIRECT_LAUNCH_TRITON), a kernel
+that needs no scratch memory is launched through the launcher's compiled ``launch`` function
+itself, skipping the Python ``CudaLauncher.__call__`` around it (which only allocates scratch).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from functools import reduce
 from operator import or_
 
 import torch
+import triton
 
 try:
     from triton import knobs
@@ -25,6 +28,12 @@ try:
 except ImportError:  # older Triton: always use the normal launch
     knobs = None
     driver = None
+
+# Triton releases whose CudaLauncher.__call__ was read: it calls
+# launch(gridX, gridY, gridZ, stream, function, launch_cooperative_grid, launch_pdl,
+#        global_scratch, profile_scratch, *args) and does nothing else once both scratch
+# sizes are 0 (tests/test_fast_launch.py checks the installed release's source).
+DIRECT_LAUNCH_TRITON = ("3.6.",)
 
 
 _data_ptr = torch.Tensor.data_ptr
@@ -48,6 +57,22 @@ def _launchable(compiled) -> bool:
     return all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata"))
 
 
+def _launcher_and_head(compiled) -> tuple:
+    """(fn, head): ``fn(gridX, gridY, gridZ, stream, *head, *kernel_args)`` launches
+    ``compiled``. The launcher's compiled ``launch`` where that is known to be all its
+    ``run`` does for this kernel, else ``run`` itself."""
+    run = compiled.run
+    launch = getattr(run, "launch", None)
+    if (launch is not None and triton.__version__.startswith(DIRECT_LAUNCH_TRITON)
+            and getattr(run, "global_scratch_size", 1) == 0
+            and getattr(run, "profile_scratch_size", 1) == 0):
+        return launch, (compiled.function, run.launch_cooperative_grid, run.launch_pdl,
+                        None, None, compiled.packed_metadata, None, None, None)
+    # run(gridX, gridY, gridZ, stream, function, packed_metadata, launch_metadata,
+    #     enter_hook, exit_hook, *kernel_args)
+    return run, (compiled.function, compiled.packed_metadata, None, None, None)
+
+
 class CachedLaunch:
     """Launches of one kernel with one set of constexpr/meta arguments."""
 
@@ -55,6 +80,9 @@ class CachedLaunch:
         self.kernel = kernel
         self.meta = meta
         self.compiled: dict[tuple, object] = {}
+        # Per alignment key: (fn, head) of _launcher_and_head, the constexprs appended to
+        # the head's tail so that a relaunch unpacks three tuples.
+        self.relaunch: dict[tuple, tuple] = {}
         self.constexpr_values: tuple | None = None
 
     def __call__(self, grid: tuple, tensors: tuple[torch.Tensor, ...], scalars: tuple) -> None:
@@ -68,18 +96,19 @@ class CachedLaunch:
         # per-pointer tuple costs about a microsecond more per call on a slow host.
         key = (ALL_ALIGNED if reduce(or_, addresses) & 15 == 0
                else tuple(address % 16 == 0 for address in addresses))
-        compiled = self.compiled.get(key)
-        if compiled is None:
+        relaunch = self.relaunch.get(key)
+        if relaunch is None:
             compiled = self.kernel[grid](*tensors, *scalars, **self.meta)
             if compiled is not None and _launchable(compiled):
                 # The launcher takes every kernel parameter in order, constexprs included.
                 names = self.kernel.arg_names[len(tensors) + len(scalars):]
                 self.constexpr_values = tuple(self.meta[name] for name in names)
                 self.compiled[key] = compiled
+                self.relaunch[key] = _launcher_and_head(compiled)
             return
+        fn, head = relaunch
         stream = driver.active.get_current_stream(tensors[0].device.index)
         # Addresses as ints: the launcher then skips its per-pointer data_ptr() call and
         # cuPointerGetAttribute check, which validation has already made (same CUDA device).
-        compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, compiled.function,
-                     compiled.packed_metadata, None, None, None, *addresses, *scalars,
-                     *self.constexpr_values)
+        fn(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, *head, *addresses, *scalars,
+           *self.constexpr_values)

@@ -22,9 +22,11 @@ from gatednorm.kernels.backward import (
 )
 from gatednorm.kernels.config import (
     BACKWARD_TARGET_PROGRAMS,
+    BACKWARD_WIDE_ROW_TARGET_PROGRAMS,
     DEFAULT_SHARED_MEMORY_BYTES,
     backward_chunking,
     backward_config,
+    backward_target_programs,
     few_rows_forward_config,
     fit_shared_memory,
     forward_chunking,
@@ -43,7 +45,8 @@ ROUNDING_FLAG = {"te": 0, "fp32": 1, "hf": 2}
 DWEIGHT_BLOCK_CHUNKS = 128
 DWEIGHT_BLOCK_COLS = 32
 # Two reduction levels cover every chunk count the backward can produce.
-assert BACKWARD_TARGET_PROGRAMS <= DWEIGHT_BLOCK_CHUNKS ** 2
+assert (max(BACKWARD_TARGET_PROGRAMS, BACKWARD_WIDE_ROW_TARGET_PROGRAMS)
+        <= DWEIGHT_BLOCK_CHUNKS ** 2)
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,8 @@ class _Plan:
 
 # Plans of eager calls, keyed by shapes, strides, dtypes and options: a decode step repeats the
 # same call thousands of times, and rebuilding the plan costs more than the kernel at that size.
-_PLANS: dict[tuple, _Plan] = {}
+# The inference launchers bound to whole call signatures (inference_forward) live here too.
+_PLANS: dict[tuple, object] = {}
 _MAX_PLANS = 4096
 
 
@@ -177,10 +181,8 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
             cached_launch=None if traceable else CachedLaunch(kernel, meta),
         )
 
-    key = None if traceable else (
-        "fwd", x.shape, x.stride(), gate.stride(), x.dtype, gate.dtype,
-        None if weight is None else weight.dtype, group_size, zero_centered_gamma, activation,
-        norm_before_gate, rounding, store_rstd)
+    key = None if traceable else _forward_key(x, gate, weight, group_size, zero_centered_gamma,
+                                              activation, norm_before_gate, rounding, store_rstd)
     plan = _cached_plan(key, build)
     if plan.layout_copies:
         x, gate = x.contiguous(), gate.contiguous()
@@ -193,6 +195,56 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
         plan.cached_launch(plan.grid, (x, gate, weight_arg, y, rstd_arg),
                            (*plan.layout_args, eps))
     return y, rstd
+
+
+def _forward_key(x, gate, weight, group_size, zero_centered_gamma, activation, norm_before_gate,
+                 rounding, store_rstd) -> tuple:
+    # The device too: a compiled kernel belongs to the device it was loaded on.
+    return ("fwd", x.shape, x.stride(), gate.stride(), x.dtype, gate.dtype,
+            None if weight is None else weight.dtype, x.device, group_size,
+            zero_centered_gamma, activation, norm_before_gate, rounding, store_rstd)
+
+
+class _InferenceLaunch:
+    """A forward without rstd bound to one call signature (shapes, strides, dtypes, device,
+    options, eps): allocates y and relaunches the plan's kernel, nothing else."""
+
+    __slots__ = ("launch", "grid", "scalars")
+
+    def __init__(self, plan: _Plan, eps: float):
+        self.launch = plan.cached_launch
+        self.grid = plan.grid
+        self.scalars = (*plan.layout_args, eps)
+
+    def __call__(self, x: torch.Tensor, gate: torch.Tensor,
+                 weight: torch.Tensor | None) -> torch.Tensor:
+        y = torch.empty_like(x, memory_format=torch.contiguous_format)
+        # y stands in for the rstd pointer the kernel does not write (STORE_RSTD off).
+        self.launch(self.grid, (x, gate, x if weight is None else weight, y, y), self.scalars)
+        return y
+
+
+def inference_launcher(signature: tuple):
+    """The launcher remembered by :func:`inference_forward` under ``signature``, or None."""
+    return _PLANS.get(signature)
+
+
+def inference_forward(signature: tuple, x: torch.Tensor, gate: torch.Tensor,
+                      weight: torch.Tensor | None, *, eps: float, zero_centered_gamma: bool,
+                      activation: str, norm_before_gate: bool, group_size: int,
+                      rounding: str) -> torch.Tensor:
+    """y of a forward that needs no gradient (no rstd), launched eagerly; the launch is
+    remembered under ``signature`` for :func:`inference_launcher`. ``signature`` must
+    determine everything the launch depends on (shapes, strides, dtypes, device, options,
+    eps) and the inputs must have unit last-dim strides. Kept with the plans, so that
+    whatever clears the plans clears these too."""
+    options = dict(zero_centered_gamma=zero_centered_gamma, activation=activation,
+                   norm_before_gate=norm_before_gate, group_size=group_size, rounding=rounding)
+    y, _ = forward(x, gate, weight, eps=eps, traceable=False, store_rstd=False, **options)
+    plan = _PLANS.get(_forward_key(x, gate, weight, store_rstd=False, **options))
+    if plan is not None and not plan.layout_copies:
+        _cached_plan(signature, lambda: _InferenceLaunch(plan, eps))
+    return y
 
 
 def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
@@ -224,7 +276,8 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
         config = fit_shared_memory(config, sum(t.element_size() for t in loaded),
                                    shared_memory_bytes(x.device))
         rows_per_chunk, num_chunks = backward_chunking(layout.rows, num_groups,
-                                                       config.block_rows)
+                                                       config.block_rows,
+                                                       backward_target_programs(config))
         kernel = backward_long_row_kernel if config.long_row else backward_tile_kernel
         meta = _meta(layout, config, x.dtype, weight, zero_centered_gamma, activation,
                      norm_before_gate, rounding)
@@ -242,8 +295,8 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
 
     key = None if traceable else (
         "bwd", x.shape, x.stride(), gate.stride(), dy.stride(), x.dtype, gate.dtype, dy.dtype,
-        None if weight is None else weight.dtype, group_size, zero_centered_gamma, activation,
-        norm_before_gate, rounding)
+        None if weight is None else weight.dtype, x.device, group_size, zero_centered_gamma,
+        activation, norm_before_gate, rounding)
     plan = _cached_plan(key, build)
     if plan.layout_copies:
         x, gate, dy = x.contiguous(), gate.contiguous(), dy.contiguous()

@@ -114,7 +114,8 @@ def test_decode_tile_keeps_the_table_tiles_bits(monkeypatch, shape, group_size, 
     kwargs = options.kwargs(group_size)
     with torch.no_grad():
         decode = gatednorm.rms_norm_gated(inputs.x, inputs.gate, inputs.weight, **kwargs)
-        assert [p.meta["num_warps"] for p in launch._PLANS.values()] == [1]
+        assert [p.meta["num_warps"] for key, p in launch._PLANS.items()
+                if key[0] == "fwd"] == [1]
         monkeypatch.setattr(config, "FORWARD_FEW_PROGRAMS", 0)
         launch._PLANS.clear()
         table = gatednorm.rms_norm_gated(inputs.x, inputs.gate, inputs.weight, **kwargs)
