@@ -58,3 +58,16 @@ def test_groups_filling_part_of_their_tile_take_the_partial_tile_entry(group_siz
         assert (tuned.block_rows, tuned.num_warps, tuned.loop_stages) == (rows, warps, stages)
     # A full tile of the same width keeps the main table's entry.
     assert config.forward_config(block_n).block_rows == config.FORWARD_TILES[block_n][0]
+
+
+@pytest.mark.parametrize("group_size, expected", [
+    (128, config.BACKWARD_TARGET_PROGRAMS), (2048, config.BACKWARD_TARGET_PROGRAMS),
+    (4096, config.BACKWARD_WIDE_ROW_TARGET_PROGRAMS),
+    (5000, config.BACKWARD_WIDE_ROW_TARGET_PROGRAMS),
+    (8192, config.BACKWARD_WIDE_ROW_TARGET_PROGRAMS), (20000, config.BACKWARD_TARGET_PROGRAMS),
+], ids=["d128", "d2048", "d4096", "d5000-partial", "d8192", "long-row"])
+def test_whole_wide_row_tiles_take_fewer_longer_backward_chunks(group_size, expected):
+    tile = config.backward_config(group_size)
+    assert config.backward_target_programs(tile) == expected
+    rows_per_chunk, num_chunks = config.backward_chunking(6144, 1, tile.block_rows, expected)
+    assert num_chunks <= expected and num_chunks * rows_per_chunk >= 6144

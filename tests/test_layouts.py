@@ -278,7 +278,8 @@ def test_row_counts(rows, dtype):
 
 
 @pytest.mark.parametrize("target_programs", [1, 2, 3], ids=lambda n: f"{n}_programs")
-@pytest.mark.parametrize("shape", [(199, 64), (5, 9000)], ids=["tile", "long_row"])
+@pytest.mark.parametrize("shape", [(199, 64), (37, 4096), (5, 9000)],
+                         ids=["tile", "wide_row_tile", "long_row"])
 def test_any_row_partition_gives_the_same_dx_and_dgate(monkeypatch, target_programs, shape):
     # Few chunks: each tile program loops over several tiles (the last chunk partly full) and
     # each long-row program over several rows. dx and dgate do not depend on the partition;
@@ -287,6 +288,7 @@ def test_any_row_partition_gives_the_same_dx_and_dgate(monkeypatch, target_progr
     default = fused(x, gate, weight, dy)
     block_rows = config.backward_config(shape[-1]).block_rows
     monkeypatch.setattr(config, "BACKWARD_TARGET_PROGRAMS", target_programs)
+    monkeypatch.setattr(config, "BACKWARD_WIDE_ROW_TARGET_PROGRAMS", target_programs)
     # Launch plans are cached per shape: start from an empty cache so the patch is used.
     monkeypatch.setattr(launch, "_PLANS", {})
     rows_per_chunk, num_chunks = config.backward_chunking(shape[0], 1, block_rows)

@@ -59,6 +59,12 @@ FEW_ROWS_TILE_ELEMENTS = 256
 # The backward splits rows into about this many (chunk, group) programs. A constant, not the
 # SM count: the partition, and so dweight's rounding, must not depend on the GPU.
 BACKWARD_TARGET_PROGRAMS = 1056
+# Tiles of one whole wide row (4096 and 8192 elements, 8 and 16 warps a program) take fewer,
+# longer chunks: 264 programs measured 3-4 % faster than 1056 at D = 4096 and 8192 (fewer
+# D-wide dweight partials to write and re-read; launch-sweep-v6-bwd-targets), while D <= 2048
+# measured best or equal at 1056 (Mamba2, D = 2048) or inconsistently (D = 1024).
+BACKWARD_WIDE_ROW_TARGET_PROGRAMS = 264
+BACKWARD_WIDE_ROW_MIN_N = 4096
 # Each chunk writes and re-reads a D-wide fp32 partial row: at 16 or more rows per chunk that
 # traffic stays under 3 % of the backward's own bytes.
 MIN_ROWS_PER_CHUNK = 16
@@ -138,9 +144,20 @@ def forward_chunking(rows: int, num_groups: int, block_rows: int) -> tuple[int, 
     return rows_per_chunk, triton.cdiv(rows, rows_per_chunk)
 
 
-def backward_chunking(rows: int, num_groups: int, block_rows: int) -> tuple[int, int]:
-    """(rows_per_chunk, num_chunks): a multiple of block_rows, fixed by the shape alone."""
-    chunks_wanted = max(1, BACKWARD_TARGET_PROGRAMS // num_groups)
+def backward_target_programs(config: LaunchConfig) -> int:
+    """About how many (chunk, group) programs the backward of ``config`` starts."""
+    if not config.long_row and config.block_n >= BACKWARD_WIDE_ROW_MIN_N:
+        return BACKWARD_WIDE_ROW_TARGET_PROGRAMS
+    return BACKWARD_TARGET_PROGRAMS
+
+
+def backward_chunking(rows: int, num_groups: int, block_rows: int,
+                      target_programs: int | None = None) -> tuple[int, int]:
+    """(rows_per_chunk, num_chunks): a multiple of block_rows, fixed by the shape and the
+    tile alone (``target_programs``: backward_target_programs of the tile, by default
+    BACKWARD_TARGET_PROGRAMS)."""
+    target_programs = target_programs or BACKWARD_TARGET_PROGRAMS
+    chunks_wanted = max(1, target_programs // num_groups)
     # sym_max keeps a symbolic row count symbolic under torch.compile (max() would guard).
     rows_per_chunk = torch.sym_max(triton.cdiv(rows, chunks_wanted), MIN_ROWS_PER_CHUNK)
     rows_per_chunk = triton.cdiv(rows_per_chunk, block_rows) * block_rows
