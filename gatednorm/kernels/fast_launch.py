@@ -80,10 +80,14 @@ class CachedLaunch:
         self.kernel = kernel
         self.meta = meta
         self.compiled: dict[tuple, object] = {}
-        # Per alignment key: (fn, head) of _launcher_and_head, the constexprs appended to
-        # the head's tail so that a relaunch unpacks three tuples.
+        # Per alignment key: (fn, head) of _launcher_and_head.
         self.relaunch: dict[tuple, tuple] = {}
         self.constexpr_values: tuple | None = None
+        # Read at the first compile: a plan, and so its CachedLaunch, belongs to one device
+        # (launch.py keys plans by device), and looking both up on every call costs about a
+        # microsecond on a slow host.
+        self.device_index: int | None = None
+        self.current_stream = None
 
     def __call__(self, grid: tuple, tensors: tuple[torch.Tensor, ...], scalars: tuple) -> None:
         """Launch over ``grid`` with the kernel's leading pointer parameters ``tensors`` and
@@ -105,9 +109,11 @@ class CachedLaunch:
                 self.constexpr_values = tuple(self.meta[name] for name in names)
                 self.compiled[key] = compiled
                 self.relaunch[key] = _launcher_and_head(compiled)
+                self.device_index = tensors[0].device.index
+                self.current_stream = driver.active.get_current_stream
             return
         fn, head = relaunch
-        stream = driver.active.get_current_stream(tensors[0].device.index)
+        stream = self.current_stream(self.device_index)
         # Addresses as ints: the launcher then skips its per-pointer data_ptr() call and
         # cuPointerGetAttribute check, which validation has already made (same CUDA device).
         fn(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, *head, *addresses, *scalars,
