@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from gatednorm.bench import timing as bt
-from gatednorm.kernels.pointwise import activation_and_slope, forward_output, load_gamma
+from gatednorm.kernels.pointwise import activation_and_slope, forward_output
 from gatednorm.kernels import launch
 
 
