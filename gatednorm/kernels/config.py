@@ -20,7 +20,9 @@ import triton
 # waits on every tile's loads, and the backward stayed under 75 % of copy bandwidth.
 # A forward entry with loop_stages > 1 runs forward_row_loop_kernel: resident programs that
 # walk their chunk of rows tile by tile with that many tiles of x and gate in flight (the
-# one-tile kernel has nothing to overlap a tile's loads with).
+# one-tile kernel has nothing to overlap a tile's loads with). The forward 1024 tile takes one
+# warp a row: 74.5-74.7 us against 78.3-78.6 us for two warps at D = 1024 in two sweeps timed
+# as the benchmark times (launch-sweep-v6-cold-fwd, -cold-fwd-1024).
 FORWARD_TILES = {
     128: (16, 4, 1), 256: (4, 2, 1), 512: (4, 4, 1), 1024: (1, 1, 1), 2048: (1, 2, 1),
     4096: (1, 4, 1), 8192: (1, 8, 3), 16384: (2, 32, 1),
@@ -29,8 +31,6 @@ BACKWARD_TILES = {
     128: (4, 1, 3), 256: (4, 1, 3), 512: (2, 2, 4), 1024: (1, 2, 3), 2048: (1, 2, 3),
     4096: (1, 8, 4), 8192: (1, 16, 3),
 }
-# 1024: one warp a row, 74.5-74.7 us against 78.3-78.6 us for two warps at D = 1024 in two
-# sweeps timed as the benchmark times (launch-sweep-v6-cold-fwd, -cold-fwd-1024).
 # Groups that fill only part of their tile (D 96 of 128, 192 of 256, Mamba2's 640 of 1024):
 # the same instructions per tile move fewer bytes. Two rows per program measured 8-10 points
 # of copy bandwidth better than one (launch-sweep-v4), and the forward's row loop another 3-11
