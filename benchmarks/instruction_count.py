@@ -94,26 +94,37 @@ def main() -> None:
     parser.add_argument("--rounding", type=int, default=0, help="0 te, 1 fp32, 2 hf")
     parser.add_argument("--gate-first", action="store_true")
     parser.add_argument("--loop-only", action="store_true")
+    parser.add_argument("--separate-rows", action="store_true",
+                        help="every tensor computes its own row offsets (*_ROWS_AS_X off); by "
+                             "default all share x's, but a sliced gate (--leading-dims 2)")
+    parser.add_argument("--store-rstd", action="store_true",
+                        help="forward: the training forward (rstd stored)")
+    parser.add_argument("--no-ptx", action="store_true",
+                        help="forward: store rstd with tl.store (as under torch.compile)")
     parser.add_argument("--dump", help="write the counted SASS lines here")
     args = parser.parse_args()
 
     flags = dict(LEADING_DIMS=args.leading_dims, ROW_ALIGN=8, HAS_WEIGHT=True,
                  ZERO_CENTERED=False, ACTIVATION=0, NORM_BEFORE_GATE=not args.gate_first,
                  ROUNDING=args.rounding, WEIGHT_PRODUCT_ROUNDED=args.rounding == 2)
+    as_x = not args.separate_rows
+    gate_as_x = as_x and args.leading_dims == 1
     if args.pass_ == "bwd":
         pointers = {name: "*bf16" for name in ("X", "GATE", "W", "DY", "DX", "DGATE")}
         pointers.update(RSTD="*fp32", DW_PARTIAL="*fp32")
         compiled = compile_for_sm90(
             backward.backward_tile_kernel, pointers,
             dict(flags, BLOCK_ROWS=args.block_rows or 4, BLOCK_N=args.block_n,
-                 LOOP_STAGES=args.stages), args.warps or 1)
+                 LOOP_STAGES=args.stages, GATE_ROWS_AS_X=gate_as_x, DY_ROWS_AS_X=as_x,
+                 DX_ROWS_AS_X=as_x, DGATE_ROWS_AS_X=as_x), args.warps or 1)
     else:
         pointers = {name: "*bf16" for name in ("X", "GATE", "W", "Y")}
         pointers.update(RSTD="*fp32")
         compiled = compile_for_sm90(
             forward.forward_tile_kernel, pointers,
             dict(flags, BLOCK_ROWS=args.block_rows or 16, BLOCK_N=args.block_n,
-                 STORE_RSTD=False), args.warps or 4)
+                 STORE_RSTD=args.store_rstd, RSTD_BY_PTX=not args.no_ptx,
+                 GATE_ROWS_AS_X=gate_as_x, Y_ROWS_AS_X=as_x), args.warps or 4)
     lines, usage = disassemble(compiled)
     if args.loop_only:
         lines = main_loop(lines)

@@ -68,15 +68,27 @@ def parse(kernel, constexprs: dict, unit_ints: bool) -> None:
         context)
 
 
+# Launch flags of the tile kernels (set by launch.py from the layout and the tile): every
+# combination the launcher can pass.
+ROW_FLAGS = {
+    "forward_tile": [dict(RSTD_BY_PTX=ptx, GATE_ROWS_AS_X=share, Y_ROWS_AS_X=share)
+                     for ptx, share in ((False, False), (True, False), (True, True))],
+    "backward_tile": [dict(GATE_ROWS_AS_X=share, DY_ROWS_AS_X=share, DX_ROWS_AS_X=share,
+                           DGATE_ROWS_AS_X=share) for share in (False, True)],
+}
+
+
 def variants(kernel_name: str):
     if kernel_name == "dweight_reduce":
         yield {}
         return
-    for leading_dims, norm_before_gate, rounding, has_weight in itertools.product(
-            (1, 2, 3), (True, False), (0, 1, 2), (True, False)):
+    for leading_dims, norm_before_gate, rounding, has_weight, row_flags in itertools.product(
+            (1, 2, 3), (True, False), (0, 1, 2), (True, False),
+            ROW_FLAGS.get(kernel_name, [{}])):
         yield dict(LEADING_DIMS=leading_dims, ROW_ALIGN=8, HAS_WEIGHT=has_weight,
                    ZERO_CENTERED=False, ACTIVATION=0, NORM_BEFORE_GATE=norm_before_gate,
-                   ROUNDING=rounding, WEIGHT_PRODUCT_ROUNDED=has_weight and rounding == 2)
+                   ROUNDING=rounding, WEIGHT_PRODUCT_ROUNDED=has_weight and rounding == 2,
+                   **row_flags)
 
 
 def main() -> int:

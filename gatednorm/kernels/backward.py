@@ -18,8 +18,9 @@ from gatednorm.kernels.pointwise import (
     backward_inputs,
     backward_pointwise,
     gated_input,
-    leading_offsets,
     load_gamma,
+    row_offsets,
+    row_offsets_or,
     row_step,
 )
 
@@ -32,13 +33,6 @@ RUNTIME_INTS = [
     "stride_dgate0", "stride_dgate1", "stride_dgate2",
     "num_groups", "rows_per_chunk",
 ]
-
-
-@triton.jit
-def _row_offsets(rows_idx, size1, size2, s0, s1, s2, group_offset, LEADING_DIMS: tl.constexpr,
-                 ROW_ALIGN: tl.constexpr):
-    offsets = leading_offsets(rows_idx, size1, size2, s0, s1, s2, LEADING_DIMS) + group_offset
-    return tl.multiple_of(offsets, ROW_ALIGN)
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
@@ -55,8 +49,13 @@ def backward_tile_kernel(
     BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_STAGES: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
     NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
+    GATE_ROWS_AS_X: tl.constexpr, DY_ROWS_AS_X: tl.constexpr, DX_ROWS_AS_X: tl.constexpr,
+    DGATE_ROWS_AS_X: tl.constexpr,
 ):
-    """Whole groups in [BLOCK_ROWS, BLOCK_N] tiles, looping over the chunk's rows."""
+    """Whole groups in [BLOCK_ROWS, BLOCK_N] tiles, looping over the chunk's rows.
+
+    A tensor whose row strides equal x's (*_ROWS_AS_X, set by the launcher) is addressed
+    with x's row offsets."""
     pid = tl.program_id(0)
     group = pid % num_groups
     chunk = pid // num_groups
@@ -78,15 +77,15 @@ def backward_tile_kernel(
     # One or three leading dims recompute them per tile (stepping measured slower with one).
     if LEADING_DIMS == 2:
         first_rows = chunk_start + tile_rows
-        x_units = _row_offsets(first_rows, size1, size2, stride_x0, stride_x1, stride_x2,
+        x_units = row_offsets(first_rows, size1, size2, stride_x0, stride_x1, stride_x2,
                               group_offset, LEADING_DIMS, 1)
-        g_units = _row_offsets(first_rows, size1, size2, stride_gate0, stride_gate1,
-                               stride_gate2, group_offset, LEADING_DIMS, 1)
-        dy_units = _row_offsets(first_rows, size1, size2, stride_dy0, stride_dy1, stride_dy2,
+        g_units = row_offsets(first_rows, size1, size2, stride_gate0, stride_gate1,
+                              stride_gate2, group_offset, LEADING_DIMS, 1)
+        dy_units = row_offsets(first_rows, size1, size2, stride_dy0, stride_dy1, stride_dy2,
                                group_offset, LEADING_DIMS, 1)
-        dx_units = _row_offsets(first_rows, size1, size2, stride_dx0, stride_dx1, stride_dx2,
+        dx_units = row_offsets(first_rows, size1, size2, stride_dx0, stride_dx1, stride_dx2,
                                group_offset, LEADING_DIMS, 1)
-        dgate_units = _row_offsets(first_rows, size1, size2, stride_dgate0, stride_dgate1,
+        dgate_units = row_offsets(first_rows, size1, size2, stride_dgate0, stride_dgate1,
                                   stride_dgate2, group_offset, LEADING_DIMS, 1)
         # Carried in units of ROW_ALIGN elements: a loop-carried value cannot hold Triton's
         # multiple_of hint, but units * ROW_ALIGN is a known multiple (16-byte loads stay).
@@ -115,24 +114,29 @@ def backward_tile_kernel(
         row_mask = (rows_idx < rows) & (tile_start + tile_rows < rows_per_chunk)
         mask = row_mask[:, None] & col_mask[None, :]  # [BLOCK_ROWS, BLOCK_N]
         if LEADING_DIMS != 2:
-            x_rows = _row_offsets(rows_idx, size1, size2, stride_x0, stride_x1, stride_x2,
-                                  group_offset, LEADING_DIMS, ROW_ALIGN)
-            g_rows = _row_offsets(rows_idx, size1, size2, stride_gate0, stride_gate1,
-                                  stride_gate2, group_offset, LEADING_DIMS, ROW_ALIGN)
-            dy_rows = _row_offsets(rows_idx, size1, size2, stride_dy0, stride_dy1, stride_dy2,
-                                   group_offset, LEADING_DIMS, ROW_ALIGN)
-            dx_rows = _row_offsets(rows_idx, size1, size2, stride_dx0, stride_dx1, stride_dx2,
-                                   group_offset, LEADING_DIMS, ROW_ALIGN)
-            dgate_rows = _row_offsets(rows_idx, size1, size2, stride_dgate0, stride_dgate1,
-                                      stride_dgate2, group_offset, LEADING_DIMS, ROW_ALIGN)
+            x_rows = row_offsets(rows_idx, size1, size2, stride_x0, stride_x1, stride_x2,
+                                 group_offset, LEADING_DIMS, ROW_ALIGN)
+            g_rows = row_offsets_or(x_rows, rows_idx, size1, size2, stride_gate0, stride_gate1,
+                                    stride_gate2, group_offset, LEADING_DIMS, ROW_ALIGN,
+                                    GATE_ROWS_AS_X)
+            dy_rows = row_offsets_or(x_rows, rows_idx, size1, size2, stride_dy0, stride_dy1,
+                                     stride_dy2, group_offset, LEADING_DIMS, ROW_ALIGN,
+                                     DY_ROWS_AS_X)
+            dx_rows = row_offsets_or(x_rows, rows_idx, size1, size2, stride_dx0, stride_dx1,
+                                     stride_dx2, group_offset, LEADING_DIMS, ROW_ALIGN,
+                                     DX_ROWS_AS_X)
+            dgate_rows = row_offsets_or(x_rows, rows_idx, size1, size2, stride_dgate0,
+                                        stride_dgate1, stride_dgate2, group_offset,
+                                        LEADING_DIMS, ROW_ALIGN, DGATE_ROWS_AS_X)
         else:
             # The launcher sets ROW_ALIGN to 8 only when every row start is a multiple of 8
-            # elements: 16-byte loads and stores.
+            # elements: 16-byte loads and stores. A tensor addressed like x leaves its own
+            # stepped offsets unused (the compiler drops them).
             x_rows = x_units * ROW_ALIGN
-            g_rows = g_units * ROW_ALIGN
-            dy_rows = dy_units * ROW_ALIGN
-            dx_rows = dx_units * ROW_ALIGN
-            dgate_rows = dgate_units * ROW_ALIGN
+            g_rows = x_rows if GATE_ROWS_AS_X else g_units * ROW_ALIGN
+            dy_rows = x_rows if DY_ROWS_AS_X else dy_units * ROW_ALIGN
+            dx_rows = x_rows if DX_ROWS_AS_X else dx_units * ROW_ALIGN
+            dgate_rows = x_rows if DGATE_ROWS_AS_X else dgate_units * ROW_ALIGN
         x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -219,16 +223,16 @@ def backward_long_row_kernel(
     for row_in_chunk in range(0, rows_per_chunk):
         row = chunk_start + row_in_chunk
         if row < rows:
-            x_row = _row_offsets(row, size1, size2, stride_x0, stride_x1, stride_x2,
+            x_row = row_offsets(row, size1, size2, stride_x0, stride_x1, stride_x2,
+                                group_offset, LEADING_DIMS, ROW_ALIGN)
+            g_row = row_offsets(row, size1, size2, stride_gate0, stride_gate1, stride_gate2,
+                                group_offset, LEADING_DIMS, ROW_ALIGN)
+            dy_row = row_offsets(row, size1, size2, stride_dy0, stride_dy1, stride_dy2,
                                  group_offset, LEADING_DIMS, ROW_ALIGN)
-            g_row = _row_offsets(row, size1, size2, stride_gate0, stride_gate1, stride_gate2,
+            dx_row = row_offsets(row, size1, size2, stride_dx0, stride_dx1, stride_dx2,
                                  group_offset, LEADING_DIMS, ROW_ALIGN)
-            dy_row = _row_offsets(row, size1, size2, stride_dy0, stride_dy1, stride_dy2,
-                                  group_offset, LEADING_DIMS, ROW_ALIGN)
-            dx_row = _row_offsets(row, size1, size2, stride_dx0, stride_dx1, stride_dx2,
-                                  group_offset, LEADING_DIMS, ROW_ALIGN)
-            dgate_row = _row_offsets(row, size1, size2, stride_dgate0, stride_dgate1, stride_dgate2,
-                                     group_offset, LEADING_DIMS, ROW_ALIGN)
+            dgate_row = row_offsets(row, size1, size2, stride_dgate0, stride_dgate1, stride_dgate2,
+                                    group_offset, LEADING_DIMS, ROW_ALIGN)
             rstd = tl.load(RSTD + row * num_groups + group)
 
             dot = tl.zeros([BLOCK_N], dtype=tl.float32)

@@ -31,6 +31,8 @@ from gatednorm.kernels.config import (
     fit_shared_memory,
     forward_chunking,
     forward_config,
+    forward_tile_store,
+    shares_row_offsets,
 )
 from gatednorm.kernels.fast_launch import CachedLaunch
 from gatednorm.kernels.forward import (
@@ -172,6 +174,11 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
             kernel = forward_tile_kernel
             grid = (triton.cdiv(layout.rows, config.block_rows) * num_groups,)
             del meta["LOOP_STAGES"]  # the tile kernel has no loop
+            by_ptx, share = forward_tile_store(config, x.dtype, layout.leading_dims,
+                                               store_rstd, traceable)
+            _, gate_as_x, y_as_x = layout.rows_as_first
+            meta.update(RSTD_BY_PTX=by_ptx, GATE_ROWS_AS_X=share and gate_as_x,
+                        Y_ROWS_AS_X=share and y_as_x)
         return _Plan(
             kernel=kernel,
             grid=grid,
@@ -281,6 +288,11 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
         kernel = backward_long_row_kernel if config.long_row else backward_tile_kernel
         meta = _meta(layout, config, x.dtype, weight, zero_centered_gamma, activation,
                      norm_before_gate, rounding)
+        if not config.long_row:
+            share = shares_row_offsets(config, layout.leading_dims)
+            _, gate_as_x, dy_as_x, dx_as_x, dgate_as_x = layout.rows_as_first
+            meta.update(GATE_ROWS_AS_X=share and gate_as_x, DY_ROWS_AS_X=share and dy_as_x,
+                        DX_ROWS_AS_X=share and dx_as_x, DGATE_ROWS_AS_X=share and dgate_as_x)
         return _Plan(
             kernel=kernel,
             grid=(num_chunks * num_groups,),

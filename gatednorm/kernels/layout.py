@@ -19,7 +19,9 @@ VECTOR_ALIGN = 8
 
 @dataclass(frozen=True)
 class RowLayout:
-    """rows = size0 * size1 * size2; strides[t] = (stride0, stride1, stride2) of tensor t."""
+    """rows = size0 * size1 * size2; strides[t] = (stride0, stride1, stride2) of tensor t;
+    rows_as_first[t]: tensor t's rows start where the first tensor's do (equal strides), so a
+    kernel may address both with one set of row offsets."""
 
     rows: int
     size1: int
@@ -27,6 +29,7 @@ class RowLayout:
     strides: tuple[tuple[int, int, int], ...]
     leading_dims: int
     row_align: int
+    rows_as_first: tuple[bool, ...]
 
 
 def _merged_leading_dims(tensors: list[torch.Tensor]) -> list[tuple[int, list[int]]]:
@@ -72,4 +75,5 @@ def row_layout(tensors: list[torch.Tensor], group_size: int) -> RowLayout | None
         strides=strides,
         leading_dims=leading_dims,
         row_align=VECTOR_ALIGN if offsets_aligned else 1,
+        rows_as_first=tuple(bool(per_tensor == strides[0]) for per_tensor in strides),
     )

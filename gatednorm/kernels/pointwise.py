@@ -34,6 +34,30 @@ else:
                                          dtype=tl.float32, is_pure=True, pack=1)
 
 
+if os.environ.get("TRITON_INTERPRET", "0") == "1" or torch.version.hip:
+    @triton.jit
+    def store_row_values(pointers, values, mask):
+        """tl.store(pointers, values, mask). No PTX here (interpreter, ROCm)."""
+        tl.store(pointers, values, mask=mask)
+else:
+    @triton.jit
+    def store_row_values(pointers, values, mask):
+        """Store one fp32 value per row of a tile (rstd) from the reduction's own layout.
+
+        ``tl.store`` gives a 1-D store a fresh coalesced layout, and moving the reduced values
+        into it goes through shared memory with two barriers and holds registers: up to 8 %
+        of the GDN forward on the H200 (docs/perf-notes.md, variant 27). Here each thread
+        stores the rows it holds with an inline ``st.global`` (lanes that hold the same row
+        store the same value to the same address). torch.compile's mutation analysis cannot
+        see a store inside inline assembly: traced launches use ``tl.store``.
+        """
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; "
+            "mov.b32 $0, 0; }",
+            "=r,l,r,r", [pointers.to(tl.int64), values, mask.to(tl.int32)],
+            dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit
 def round_to(t, dtype: tl.constexpr):
     return t.to(dtype).to(tl.float32)
@@ -91,6 +115,31 @@ def leading_offsets(rows_idx, size1, size2, stride0, stride1, stride2,
         else:
             offsets = ((outer // size1).to(tl.int64) * stride0
                        + (outer % size1).to(tl.int64) * stride1 + inner * stride2)
+    return offsets
+
+
+@triton.jit
+def row_offsets(rows_idx, size1, size2, stride0, stride1, stride2, group_offset,
+                LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr):
+    """Element offset (int64) of each row's group, hinted as a multiple of ROW_ALIGN (the
+    launcher sets ROW_ALIGN to 8 only when every row start is: 16-byte loads and stores)."""
+    offsets = leading_offsets(rows_idx, size1, size2, stride0, stride1, stride2,
+                              LEADING_DIMS) + group_offset
+    return tl.multiple_of(offsets, ROW_ALIGN)
+
+
+@triton.jit
+def row_offsets_or(x_rows, rows_idx, size1, size2, stride0, stride1, stride2, group_offset,
+                   LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
+                   AS_X: tl.constexpr):
+    """row_offsets of another tensor, or ``x_rows`` when the launcher found its row strides
+    equal to x's (AS_X): each tensor's offsets cost a multiply (two or three leading dims: a
+    division too) per row, and most calls pass x, the gate and the outputs alike contiguous."""
+    if AS_X:
+        offsets = x_rows
+    else:
+        offsets = row_offsets(rows_idx, size1, size2, stride0, stride1, stride2, group_offset,
+                              LEADING_DIMS, ROW_ALIGN)
     return offsets
 
 
