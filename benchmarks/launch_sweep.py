@@ -199,7 +199,8 @@ def make_timer(kind: str, shape: Shape, dtype: torch.dtype, gate_layout: str, in
 def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: list[int],
                 copy_gbps: float, options: dict, forward_stages=(1,),
                 forward_targets=(1584,), min_rows_per_chunk=(None,), timer="graph",
-                dtype=torch.bfloat16, gate_layout="contiguous") -> list[dict]:
+                dtype=torch.bfloat16, gate_layout="contiguous",
+                forward_store_rstd=True) -> list[dict]:
     inputs = make_inputs(shape, dtype, gate_layout)
     x, gate, weight, dy = inputs
     time_call = make_timer(timer, shape, dtype, gate_layout, inputs)
@@ -240,7 +241,7 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                 launch._PLANS.clear()
                 try:
                     ms = time_call(lambda x, gate, weight, dy: launch.forward(
-                        x, gate, weight, eps=1e-6, store_rstd=False, **common))
+                        x, gate, weight, eps=1e-6, store_rstd=forward_store_rstd, **common))
                 except Exception as error:  # a candidate that does not compile is reported
                     print("fwd failed", shape.name, config, repr(error)[:300], flush=True)
                     continue
@@ -315,6 +316,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--gate", choices=("contiguous", "proj"), default="contiguous",
                         help="proj: gate sliced from a [tokens, 3 x 32 x d] projection")
+    parser.add_argument("--forward", choices=("training", "inference"), default="training",
+                        help="training: the forward stores rstd (what the benchmark times; "
+                             "files before 2026-12-02 22:30 UTC timed the inference forward)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."),
                                                       "launch-sweep.json"))
     args = parser.parse_args()
@@ -339,7 +343,7 @@ def main() -> None:
                  "single calls as gatednorm.bench times them (spin kernel before each call, "
                  "inputs rotated, L2 cold; median)")
                 + f", {args.dtype}, gate {args.gate}, rounding te, silu, weight in x's dtype; "
-                "backward = main kernel + dweight reduction"),
+                f"{args.forward} forward; backward = main kernel + dweight reduction"),
         copy_gbps=copy_gbps, records=[])
     options = dict(zero_centered_gamma=False, activation="silu", rounding="te")
     for name in args.shapes.split(","):
@@ -349,7 +353,7 @@ def main() -> None:
             [int(v) for v in args.targets.split(",")], copy_gbps, options,
             [int(v) for v in args.forward_stages.split(",")],
             [int(v) for v in args.forward_targets.split(",")], min_rows, args.timer,
-            DTYPES[args.dtype], args.gate)
+            DTYPES[args.dtype], args.gate, args.forward == "training")
         with open(args.out, "w") as handle:
             json.dump(result, handle, indent=1)
         print(f"{name} done in {time.perf_counter() - start:.0f} s", flush=True)

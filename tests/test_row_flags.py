@@ -72,36 +72,48 @@ def test_rows_as_first_marks_the_tensors_laid_out_like_the_first():
     assert layout.row_layout([permuted, x, y], 128).rows_as_first == (True, False, False)
 
 
+@pytest.mark.parametrize("activation", ["silu", "sigmoid"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32],
                          ids=["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("block_n", [64, 128, 256, 1024])
-def test_forward_store_choice_comes_from_the_table_for_training_eager_launches(dtype, block_n):
+def test_forward_store_choice_comes_from_the_table_for_training_eager_launches(
+        dtype, block_n, activation):
     tile = config.LaunchConfig(4, block_n, 4, False)
-    by_ptx, shared = config.FORWARD_TILE_STORE.get((block_n, dtype), (False, False))
-    assert config.forward_tile_store(tile, dtype, 1, True, False) == (by_ptx, shared)
-    # Two or three leading dims never share; no rstd (inference) and traced launches (whose
-    # stores torch.compile must see) keep tl.store after y and each tensor's own offsets.
-    assert config.forward_tile_store(tile, dtype, 2, True, False) == (by_ptx, False)
-    assert config.forward_tile_store(tile, dtype, 1, False, False) == (False, False)
-    assert config.forward_tile_store(tile, dtype, 1, True, True) == (False, False)
+    for leading_dims in (1, 2, 3):
+        sliced = leading_dims > 1
+        expected = config.FORWARD_TILE_STORE.get((block_n, dtype, activation, sliced),
+                                                 (False, False))
+        assert config.forward_tile_store(tile, dtype, activation, leading_dims, True,
+                                         False) == expected
+        # No rstd (inference) and traced launches (whose stores torch.compile must see)
+        # keep tl.store after y and each tensor's own offsets.
+        assert config.forward_tile_store(tile, dtype, activation, leading_dims, False,
+                                         False) == (False, False)
+        assert config.forward_tile_store(tile, dtype, activation, leading_dims, True,
+                                         True) == (False, False)
 
 
-@pytest.mark.parametrize("block_rows, leading_dims, expected",
-                         [(4, 1, True), (4, 2, False), (4, 3, False), (1, 1, False)])
-def test_backward_shares_row_offsets_on_multi_row_tiles_with_one_leading_dim(
-        block_rows, leading_dims, expected):
-    tile = config.LaunchConfig(block_rows, 128, 1, False, 3)
-    assert config.shares_row_offsets(tile, leading_dims) is expected
-
-
-@pytest.mark.parametrize("case, forward_flags, backward_flags", [
-    ("contiguous", (True, True, True), (True, True, True, True)),
-    ("sliced_gate", (True, False, False), (False, False, False, False)),
-    ("permuted_x", (True, False, False), (False, False, False, False)),
+@pytest.mark.parametrize("block_rows, block_n, group_size, leading_dims, expected", [
+    (4, 128, 128, 1, True), (4, 128, 96, 1, True), (4, 256, 256, 1, True),
+    (4, 128, 128, 2, False), (4, 128, 128, 3, False), (1, 1024, 1024, 1, False),
+    (4, 256, 192, 1, False),  # a partial tile measured slower with shared offsets
 ])
-def test_launch_flags_of_a_bf16_gdn_step(monkeypatch, case, forward_flags, backward_flags):
+def test_backward_shares_row_offsets_on_multi_row_tiles_with_one_leading_dim(
+        block_rows, block_n, group_size, leading_dims, expected):
+    tile = config.LaunchConfig(block_rows, block_n, 1, False, 3)
+    assert config.shares_row_offsets(tile, leading_dims, group_size) is expected
+
+
+@pytest.mark.parametrize("case, activation, forward_flags, backward_flags", [
+    ("contiguous", "silu", (True, True, True), (True, True, True, True)),
+    ("sliced_gate", "silu", (True, False, False), (False, False, False, False)),
+    ("sliced_gate", "sigmoid", (True, False, True), (False, False, False, False)),
+    ("permuted_x", "silu", (True, False, False), (False, False, False, False)),
+])
+def test_launch_flags_of_a_bf16_gdn_step(monkeypatch, case, activation, forward_flags,
+                                         backward_flags):
     monkeypatch.setattr(launch, "_PLANS", {})
-    fused(*_layout_inputs(case, torch.bfloat16))
+    fused(*_layout_inputs(case, torch.bfloat16), activation=activation)
     (forward_plan,), (backward_plan,) = _plans("fwd"), _plans("bwd")
     meta = forward_plan.meta
     assert (meta["RSTD_BY_PTX"], meta["GATE_ROWS_AS_X"], meta["Y_ROWS_AS_X"]) == forward_flags
@@ -145,14 +157,15 @@ def test_every_store_and_row_choice_gives_the_same_bits(monkeypatch, options, ca
                      30)
 
     monkeypatch.setattr(config, "FORWARD_TILE_STORE", _Always((by_ptx, shared)))
-    monkeypatch.setattr(launch, "shares_row_offsets", lambda tile, leading_dims: shared)
+    monkeypatch.setattr(launch, "shares_row_offsets", lambda *args: shared)
     monkeypatch.setattr(launch, "_PLANS", {})
     forced = fused(*inputs, **options)
     (forward_plan,), (backward_plan,) = _plans("fwd"), _plans("bwd")
     assert forward_plan.meta["RSTD_BY_PTX"] is by_ptx
-    # The launcher shares only what the strides allow, and never past one leading dim.
-    can_share = shared and case == "contiguous"
-    assert forward_plan.meta["Y_ROWS_AS_X"] is can_share
+    # The launcher shares only what the strides allow: y is laid out like x unless x is
+    # permuted, the gate only when neither is sliced nor permuted.
+    assert forward_plan.meta["Y_ROWS_AS_X"] is (shared and case != "permuted_x")
+    assert forward_plan.meta["GATE_ROWS_AS_X"] is (shared and case == "contiguous")
     assert backward_plan.meta["DX_ROWS_AS_X"] is (shared and case != "permuted_x")
     for name, value in forced.named():
         assert torch.equal(value, getattr(chosen, name)), f"{name} changed with the flags"

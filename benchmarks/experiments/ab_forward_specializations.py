@@ -1,5 +1,11 @@
-"""Experiment (docs/perf-notes.md, after variant 25): specializations of the forward tile kernel
-that the stripped kernel of ab-6 suggests, made from gatednorm/kernels/forward.py by text edits:
+"""Experiment (docs/perf-notes.md, variants 25 and 27, ab-8): specializations of the forward
+kernels that the stripped kernel of ab-6 suggests, made by text edits of the forward.py from
+before variant 27 (the shipped kernels now carry the winners as launch flags; time those with
+ab_shared_offsets.py). Give that file with ``--source``::
+
+    git show 5d1b08e:gatednorm/kernels/forward.py > .dev/forward_head.py
+
+The edits:
 
 - ``shared``: x, gate and y rows at the same offsets (a contiguous gate and x: one row offset
   instead of three; valid only when their strides are equal, which y's always are to x's);
@@ -10,9 +16,10 @@ that the stripped kernel of ab-6 suggests, made from gatednorm/kernels/forward.p
   shared memory with two barriers (the TTGIR shows the ``convert_layout``);
 - ``nostore``: no rstd store at all (the inference forward): the floor the others aim at.
 
-    python benchmarks/experiments/ab_forward_specializations.py --offline   # any machine,
-                                                    # without TRITON_INTERPRET=1
-    python benchmarks/experiments/ab_forward_specializations.py             # CUDA: time them
+    python benchmarks/experiments/ab_forward_specializations.py --source .dev/forward_head.py \
+        --offline        # any machine, without TRITON_INTERPRET=1
+    python benchmarks/experiments/ab_forward_specializations.py --source .dev/forward_head.py
+                         # CUDA: time them
 
 ``--offline`` compiles each variant for sm_90 (Triton's ptxas, as instruction_count.py does)
 and prints registers and SASS instructions for the training forward (rstd stored) of the GDN
@@ -76,9 +83,13 @@ EDITS = {
 }
 
 
+# The forward.py the edits apply to (--source).
+SOURCE = {"path": shipped.__file__}
+
+
 def variant_kernels(names: tuple[str, ...]):
     """(tile kernel, row-loop kernel) of forward.py with the named edits applied."""
-    source = open(shipped.__file__).read()
+    source = open(SOURCE["path"]).read()
     for name in names:
         if name == "nostore":
             continue
@@ -187,7 +198,10 @@ def on_gpu(out: str) -> None:
                 return [lambda a=a: fla_fn(a[0], a[1], a[2], None, activation="swish", eps=1e-6)
                         for a in data], None
             kernel = kernels[names][1 if loop else 0]
-            meta = dict(plan.meta, STORE_RSTD="nostore" not in names)
+            # The edited kernels predate variant 27's launch flags.
+            meta = {key: value for key, value in plan.meta.items()
+                    if key not in ("RSTD_BY_PTX", "GATE_ROWS_AS_X", "Y_ROWS_AS_X")}
+            meta["STORE_RSTD"] = "nostore" not in names
 
             def call(inputs, poison=False):
                 y = torch.empty_like(inputs[0])
@@ -223,9 +237,12 @@ def on_gpu(out: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--offline", action="store_true")
+    parser.add_argument("--source", default=shipped.__file__,
+                        help="the forward.py to edit (the edits match the one of 5d1b08e)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."),
                                                       "ab-forward-specializations.json"))
     args = parser.parse_args()
+    SOURCE["path"] = args.source
     if args.offline:
         offline()
     else:

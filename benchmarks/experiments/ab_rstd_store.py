@@ -7,6 +7,10 @@ edit at start-up), each with and without the rstd store and with maxnreg None / 
 FLA's forward (which stores rstd too), timed as the benchmark times (cold L2), two rounds.
 
     python benchmarks/experiments/ab_rstd_store.py   # on a CUDA machine; writes $OUT/ab-rstd.json
+
+Superseded by variant 27 (ab_shared_offsets.py). Its edit matches the forward.py from before
+variant 27: point FORWARD_SOURCE at that file (``git show 5d1b08e:gatednorm/kernels/forward.py``)
+and both kernels ("late" and "early") are made from it.
 """
 
 import importlib.util
@@ -28,8 +32,21 @@ LATE_STORE = """    tl.store(Y + y_rows[:, None] + cols[None, :], y.to(Y.dtype.e
 RSTD_LINE = "    rstd = 1.0 / tl.sqrt(mean_square + eps)\n    y = forward_output("
 
 
+def _module_of(source: str, name: str):
+    path = os.path.join(tempfile.mkdtemp(), name + ".py")
+    with open(path, "w") as handle:
+        handle.write(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SOURCE = open(os.environ.get("FORWARD_SOURCE", shipped.__file__)).read()
+
+
 def early_store_kernel():
-    source = open(shipped.__file__).read()
+    source = SOURCE
     assert LATE_STORE in source and RSTD_LINE in source, "forward.py changed: update the edit"
     source = source.replace(LATE_STORE, LATE_STORE.split("    if STORE_RSTD")[0], 1)
     source = source.replace(
@@ -41,16 +58,11 @@ def early_store_kernel():
         ),
         1,
     )
-    path = os.path.join(tempfile.mkdtemp(), "forward_early.py")
-    with open(path, "w") as handle:
-        handle.write(source)
-    spec = importlib.util.spec_from_file_location("forward_early", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.forward_tile_kernel
+    return _module_of(source, "forward_early").forward_tile_kernel
 
 
-KERNELS = {"late": shipped.forward_tile_kernel, "early": early_store_kernel()}
+KERNELS = {"late": _module_of(SOURCE, "forward_late").forward_tile_kernel,
+           "early": early_store_kernel()}
 dev = torch.device("cuda")
 copy = bt.copy_bandwidth_gbps(dev, 1 << 30, bt.FULL)
 print(f"copy {copy:.0f}", flush=True)
@@ -107,7 +119,9 @@ for name, lead, d, proj in CASES:
         store_rstd=True,
     )
     plan = next(p for k, p in launch._PLANS.items() if k[0] == "fwd")
-    meta = dict(plan.meta)
+    # The edited kernels predate variant 27's launch flags.
+    meta = {k: v for k, v in plan.meta.items()
+            if k not in ("RSTD_BY_PTX", "GATE_ROWS_AS_X", "Y_ROWS_AS_X")}
     print(
         name,
         "plan",

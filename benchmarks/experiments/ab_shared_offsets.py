@@ -60,7 +60,16 @@ CASES = [
     ("d256-196608r", (196608, 256), 256, False, "contiguous", bf16),
     ("d1024-49152r", (49152, 1024), 1024, False, "contiguous", bf16),
     ("d4096-12288r", (12288, 4096), 4096, False, "contiguous", bf16),
+    ("d192-262144r", (262144, 192), 192, False, "contiguous", bf16),
+    ("d64-786432r-fp16", (786432, 64), 64, False, "contiguous", fp16),
+    ("d96-524288r-fp16", (524288, 96), 96, False, "contiguous", fp16),
+    ("d192-262144r-fp16", (262144, 192), 192, False, "contiguous", fp16),
+    ("d256-196608r-fp16", (196608, 256), 256, False, "contiguous", fp16),
+    ("mamba2-8192x5120-g640-fp16", (8192, 5120), 640, True, "contiguous", fp16),
+    ("sigmoid4096x96", (4096, 96, 128), 128, False, "contiguous", bf16),
+    ("sigmoid4096x96-proj", (4096, 96, 128), 128, False, "proj", bf16),
 ]
+# Cases named "sigmoid..." gate with a sigmoid (Kimi Linear), the others with SiLU.
 
 
 def _overrides(overrides: dict, gate_layout: str, backward: bool) -> dict:
@@ -101,6 +110,8 @@ def _inputs(shape, gate_layout, device, dtype):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", help="an older forward.py to time beside")
+    parser.add_argument("--cases", help="comma-separated names to run (default: all)")
+    parser.add_argument("--passes", default="fwd,bwd")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."),
                                                       "ab-shared-offsets.json"))
     args = parser.parse_args()
@@ -120,12 +131,17 @@ def main() -> None:
         print(f"{case:22s} {pass_} r{round_} {label:26s} {ms * 1e3:7.1f} us {frac * 100:5.1f} %"
               f" same bits {same_bits}", flush=True)
 
+    wanted = args.cases.split(",") if args.cases else [case[0] for case in CASES]
+    passes = args.passes.split(",")
     for case, shape, group_size, gate_first, gate_layout, dtype in CASES:
+        if case not in wanted:
+            continue
         numel = torch.Size(shape).numel()
         size = dtype.itemsize
         sets = max(2, -(-4 * 60 * 2**20 // (5 * size * numel)))
         data = [_inputs(shape, gate_layout, device, dtype) for _ in range(sets)]
-        options = dict(zero_centered_gamma=False, activation="silu",
+        activation = "sigmoid" if case.startswith("sigmoid") else "silu"
+        options = dict(zero_centered_gamma=False, activation=activation,
                        norm_before_gate=not gate_first, group_size=group_size, rounding="te",
                        traceable=False)
         launch._PLANS.clear()
@@ -159,7 +175,7 @@ def main() -> None:
             for label, overrides in BACKWARD_VARIANTS
             if all(k in backward_plan.meta for k in overrides if k != "SHARED")]
         for round_ in (1, 2):
-            for label, kernel, meta in forward_trials:
+            for label, kernel, meta in forward_trials if "fwd" in passes else []:
                 _replan(forward_key, kernel, meta)
                 y, rstd = forward(data[0])
                 same = torch.equal(y, y_ref) and (not meta["STORE_RSTD"]
@@ -168,12 +184,14 @@ def main() -> None:
                                     timing.FULL).median_ms
                 record(case, "fwd", label, round_, ms, 3 * size * numel, same)
             _replan(forward_key, forward_plan.kernel, forward_plan.meta)
-            if fla_fn is not None and not gate_first and group_size == shape[-1]:
+            if (fla_fn is not None and not gate_first and group_size == shape[-1]
+                    and "fwd" in passes):
                 ms = timing.measure(
-                    [lambda a=a: fla_fn(a[0], a[1], a[2], None, activation="swish", eps=1e-6)
+                    [lambda a=a: fla_fn(a[0], a[1], a[2], None, eps=1e-6,
+                                        activation="swish" if activation == "silu" else activation)
                      for a in data], device, timing.FULL).median_ms
                 record(case, "fwd", "fla", round_, ms, 3 * size * numel, None)
-            for label, kernel, meta in backward_trials:
+            for label, kernel, meta in backward_trials if "bwd" in passes else []:
                 _replan(backward_key, kernel, meta)
                 out = backward(data[0], rstd_ref)
                 same = all(torch.equal(a, b) for a, b in zip(out, bwd_ref))

@@ -95,16 +95,12 @@ def backward_tile_kernel(
         dx_units = dx_units // ROW_ALIGN
         dgate_units = dgate_units // ROW_ALIGN
         inner = (first_rows.to(tl.int32) % size2)  # position in the innermost leading dim
-        x_step, x_wrap = row_step(size2, stride_x1, stride_x2, BLOCK_ROWS, ROW_ALIGN,
-                                  LEADING_DIMS)
-        g_step, g_wrap = row_step(size2, stride_gate1, stride_gate2, BLOCK_ROWS, ROW_ALIGN,
-                                  LEADING_DIMS)
-        dy_step, dy_wrap = row_step(size2, stride_dy1, stride_dy2, BLOCK_ROWS, ROW_ALIGN,
-                                    LEADING_DIMS)
-        dx_step, dx_wrap = row_step(size2, stride_dx1, stride_dx2, BLOCK_ROWS, ROW_ALIGN,
-                                    LEADING_DIMS)
+        x_step, x_wrap = row_step(size2, stride_x1, stride_x2, BLOCK_ROWS, ROW_ALIGN)
+        g_step, g_wrap = row_step(size2, stride_gate1, stride_gate2, BLOCK_ROWS, ROW_ALIGN)
+        dy_step, dy_wrap = row_step(size2, stride_dy1, stride_dy2, BLOCK_ROWS, ROW_ALIGN)
+        dx_step, dx_wrap = row_step(size2, stride_dx1, stride_dx2, BLOCK_ROWS, ROW_ALIGN)
         dgate_step, dgate_wrap = row_step(size2, stride_dgate1, stride_dgate2, BLOCK_ROWS,
-                                          ROW_ALIGN, LEADING_DIMS)
+                                          ROW_ALIGN)
         inner_step = BLOCK_ROWS % size2
 
     # LOOP_STAGES > 1 lets Triton prefetch the next tile's loads (cp.async) while this one

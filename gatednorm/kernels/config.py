@@ -72,30 +72,43 @@ BACKWARD_WIDE_ROW_MIN_N = 4096
 MIN_ROWS_PER_CHUNK = 16
 
 
-# Variant 27: how the forward tile kernel's training launch stores rstd and addresses rows,
-# per (tile width, x dtype). Triton moves a 1-D store's values into a fresh layout through
-# shared memory (two barriers, registers held); "by PTX" stores rstd from the reduction's own
-# layout before y. "Shared rows": x, the gate and y use one set of row offsets where their
-# strides agree (one leading dim only). Each choice changes ptxas's schedule and registers,
-# and the measured best differs by tile and dtype, so it is a table like the tiles
-# (h200-2026-12-02-ab-10-shared-offsets.json, two rounds, us, before -> chosen):
-#   128 bf16 (GDN): by PTX, shared: 53.0 / 103.2 / 400.9 -> 50.5 / 96.7 / 372.8 (8192x32,
-#                   8192x64, 65536x32; FLA 50.8 / 97.4 / 372.3); sliced gate 56.6 / 415.6
-#                   -> 51.2 / 380.6 (PTX, own rows: two leading dims never share)
-#   64 bf16:  by PTX, shared 79.8 -> 78.0;  256 bf16: shared, tl.store 75.6 -> 74.0
-#   128 fp16: 50.0 as before, 52.0 by PTX (kept as before); 128 fp32: equal (as before)
-# Everything else, inference launches (no rstd: shared rows measured slower) and traced
-# launches (torch.compile cannot see a store inside inline PTX) keep the kernel as before:
-# tl.store after y, own rows. One-row tiles (D >= 1024) measured 1-4 % slower by PTX.
-FORWARD_TILE_STORE = {  # (block_n, x dtype) -> (rstd by PTX, shared rows)
-    (64, torch.bfloat16): (True, True),
-    (128, torch.bfloat16): (True, True),
-    (256, torch.bfloat16): (False, True),
+# Variant 27: how the forward tile kernel's training launch stores rstd and addresses rows.
+# Triton moves a 1-D store's values into a fresh layout through shared memory (two barriers,
+# registers held); "by PTX" stores rstd from the reduction's own layout, before y. "Shared
+# rows": tensors whose row strides equal x's (y always, the gate when not sliced) use x's
+# row offsets. Each choice changes ptxas's schedule and register count, and the best one
+# differs by tile, dtype, activation and gate layout, so it is measured and tabled like the
+# tiles. Keys: (block_n, x dtype, activation, gate sliced / more than one leading dim).
+# Figures: us, kernel as before -> chosen, two rounds each (benchmarks/results/
+# h200-2026-12-02-ab-10-shared-offsets.json, ab-12):
+#   128 bf16 silu:          53.0 / 103.2 / 400.9 -> 50.5 / 96.7 / 372.8 (8192x32, 8192x64,
+#                           65536x32; FLA 50.8 / 97.4 / 372.3)
+#   128 bf16 silu sliced:   56.6 / 415.6 -> 51.2 / 380.6 (own rows; shared: 54.1 / 403.7)
+#   128 bf16 sigmoid:       80.7 -> 74.3 (4096x96);  sliced: 84.3 -> 75.4 (shared rows)
+#   64 bf16 silu: 79.8 -> 78.0;  64 fp16 silu: 82.7 -> 74.5;  256 bf16 silu (tl.store after
+#   y, shared rows): 75.6 -> 74.0
+# Measured and left as before: 128 fp16 silu (52.0 by PTX against 50.0), 256 fp16 (73.1
+# best), 128 fp32 (equal). Everything unmeasured, inference launches (no rstd: shared rows
+# measured slower) and traced launches (torch.compile cannot see a store inside inline PTX)
+# keep tl.store after y and each tensor's own offsets. One-row tiles (D >= 1024) measured 1-4 %
+# slower by PTX and have no entry.
+FORWARD_TILE_STORE = {  # -> (rstd by PTX, shared rows)
+    (64, torch.bfloat16, "silu", False): (True, True),
+    (128, torch.bfloat16, "silu", False): (True, True),
+    (128, torch.bfloat16, "silu", True): (True, False),
+    (128, torch.bfloat16, "sigmoid", False): (True, True),
+    (128, torch.bfloat16, "sigmoid", True): (True, True),
+    (256, torch.bfloat16, "silu", False): (False, True),
+    (64, torch.float16, "silu", False): (True, True),
 }
-# The backward tile kernel shares row offsets on tiles of several rows with one leading dim:
-# Mamba2 134.8 against 140.3 us, D = 256 146.0 against 153.3, D = 96 158.5 against 160.4,
-# GDN bf16 / fp16 / fp32 equal or 0.5 % better; one-row tiles measured 2-7 % slower with it
-# (D = 4096: ptxas spilled), so they keep their own.
+# The backward tile kernel shares row offsets on tiles of several rows with one leading dim
+# (ab-10, ab-11; "own" = each tensor its own offsets, as before): bf16 Mamba2 134.5 against
+# 140.5 us own, D = 256 147.9 / 156.8, D = 64 142.8 / 147.0, D = 96 158.3 / 161.0, GDN 1-2 %,
+# fp32 GDN 182.0 / 185.9; fp16 equal or better. One-row tiles measured 2-7 % slower with it
+# (D = 4096: ptxas spilled), and so did D = 192 (192 of a 256 tile): 165.2 against 146.5 us
+# in bf16, 145.2 / 139.7 in fp16; both keep their own offsets. (Same-kernel repeats in these
+# files differ by up to 1 %, and once 3 %: smaller differences are not counted.)
+BACKWARD_PARTIAL_OWN_ROWS = {256}
 
 
 @dataclass(frozen=True)
@@ -192,15 +205,18 @@ def backward_chunking(rows: int, num_groups: int, block_rows: int,
     return rows_per_chunk, triton.cdiv(rows, rows_per_chunk)
 
 
-def shares_row_offsets(config: LaunchConfig, leading_dims: int) -> bool:
+def shares_row_offsets(config: LaunchConfig, leading_dims: int, group_size: int) -> bool:
     """Whether the backward addresses tensors whose row strides equal x's with x's offsets."""
-    return not config.long_row and config.block_rows > 1 and leading_dims == 1
+    partial = group_size != config.block_n
+    return (not config.long_row and config.block_rows > 1 and leading_dims == 1
+            and not (partial and config.block_n in BACKWARD_PARTIAL_OWN_ROWS))
 
 
-def forward_tile_store(config: LaunchConfig, x_dtype: torch.dtype, leading_dims: int,
-                       store_rstd: bool, traceable: bool) -> tuple[bool, bool]:
+def forward_tile_store(config: LaunchConfig, x_dtype: torch.dtype, activation: str,
+                       leading_dims: int, store_rstd: bool,
+                       traceable: bool) -> tuple[bool, bool]:
     """(rstd by PTX, shared rows) of a forward tile kernel launch (FORWARD_TILE_STORE)."""
     if not store_rstd or traceable:
         return False, False
-    by_ptx, shared = FORWARD_TILE_STORE.get((config.block_n, x_dtype), (False, False))
-    return by_ptx, shared and leading_dims == 1
+    return FORWARD_TILE_STORE.get((config.block_n, x_dtype, activation, leading_dims > 1),
+                                  (False, False))

@@ -174,8 +174,8 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
             kernel = forward_tile_kernel
             grid = (triton.cdiv(layout.rows, config.block_rows) * num_groups,)
             del meta["LOOP_STAGES"]  # the tile kernel has no loop
-            by_ptx, share = forward_tile_store(config, x.dtype, layout.leading_dims,
-                                               store_rstd, traceable)
+            by_ptx, share = forward_tile_store(config, x.dtype, activation,
+                                               layout.leading_dims, store_rstd, traceable)
             _, gate_as_x, y_as_x = layout.rows_as_first
             meta.update(RSTD_BY_PTX=by_ptx, GATE_ROWS_AS_X=share and gate_as_x,
                         Y_ROWS_AS_X=share and y_as_x)
@@ -289,7 +289,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
         meta = _meta(layout, config, x.dtype, weight, zero_centered_gamma, activation,
                      norm_before_gate, rounding)
         if not config.long_row:
-            share = shares_row_offsets(config, layout.leading_dims)
+            share = shares_row_offsets(config, layout.leading_dims, group_size)
             _, gate_as_x, dy_as_x, dx_as_x, dgate_as_x = layout.rows_as_first
             meta.update(GATE_ROWS_AS_X=share and gate_as_x, DY_ROWS_AS_X=share and dy_as_x,
                         DX_ROWS_AS_X=share and dx_as_x, DGATE_ROWS_AS_X=share and dgate_as_x)

@@ -144,25 +144,20 @@ def row_offsets_or(x_rows, rows_idx, size1, size2, stride0, stride1, stride2, gr
 
 
 @triton.jit
-def row_step(size2, stride1, stride2, STEP: tl.constexpr, UNIT: tl.constexpr,
-             LEADING_DIMS: tl.constexpr):
-    """(step, wrapped_step): how a row's element offset changes from row r to row r + STEP,
-    in units of UNIT elements (every stride is a multiple of UNIT).
+def row_step(size2, stride1, stride2, STEP: tl.constexpr, UNIT: tl.constexpr):
+    """(step, wrapped_step): how a row's element offset changes from row r to row r + STEP
+    with two leading dims, in units of UNIT elements (every stride is a multiple of UNIT).
 
-    With one leading dim it is STEP * stride2. With two, r = outer * size2 + inner: STEP rows
-    move inner by STEP % size2 and outer by STEP // size2, plus one more outer step (and
-    inner back by size2) when inner passes size2, which happens at most once as
-    STEP % size2 < size2; the caller tracks inner to know which of the two applies.
+    r = outer * size2 + inner: STEP rows move inner by STEP % size2 and outer by
+    STEP // size2, plus one more outer step (and inner back by size2) when inner passes
+    size2, which happens at most once as STEP % size2 < size2; the caller tracks inner to
+    know which of the two applies.
     """
     # tl.cast, not .to(): Inductor's parse of the kernel passes integer arguments equal to 1
     # as Python ints, which have no .to().
-    if LEADING_DIMS == 1:
-        step = tl.cast(stride2, tl.int64) * STEP
-        wrapped_step = step
-    else:
-        size2 = tl.cast(size2, tl.int64)
-        step = (STEP // size2) * tl.cast(stride1, tl.int64) + (STEP % size2) * stride2
-        wrapped_step = step + stride1 - size2 * stride2
+    size2 = tl.cast(size2, tl.int64)
+    step = (STEP // size2) * tl.cast(stride1, tl.int64) + (STEP % size2) * stride2
+    wrapped_step = step + stride1 - size2 * stride2
     return step // UNIT, wrapped_step // UNIT
 
 
