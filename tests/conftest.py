@@ -210,6 +210,17 @@ def fused(x, gate, weight, dy, **options) -> Result:
         return forward_backward(gatednorm.rms_norm_gated, x, gate, weight, dy, **options)
 
 
+def fused_on_views(x, gate, weight, dy, **options) -> Result:
+    """Like ``fused``, on x, gate and weight exactly as laid out: ``fused`` clones its inputs,
+    which makes a sliced or permuted view contiguous; detach keeps the strides and the
+    storage offset."""
+    leaves = [None if t is None else t.detach().requires_grad_() for t in (x, gate, weight)]
+    with nan_poisoned_empty():
+        y = gatednorm.rms_norm_gated(*leaves, **options)
+        grads = torch.autograd.grad(y, [t for t in leaves if t is not None], dy)
+    return Result(y.detach(), grads[0], grads[1], grads[2] if weight is not None else None)
+
+
 def composite(x, gate, weight, dy, **options) -> Result:
     """The same-convention eager composite, in the inputs' dtypes, rounding as the kernels do."""
     dtypes = [t.dtype for t in (x, gate, weight) if t is not None]

@@ -18,29 +18,17 @@ from conftest import (
     composite,
     fp64_truth,
     fused,
+    fused_on_views,
     make_inputs,
-    nan_poisoned_empty,
     rows_of,
 )
 
 pytestmark = pytest.mark.usefixtures("interpreter")
 
 
-def _fused_on_views(x, gate, weight, dy, **options):
-    """Forward and backward on x, gate and weight exactly as laid out (detach keeps the
-    strides and the storage offset); returns y and the three gradients."""
-    inputs = [t.detach().requires_grad_() for t in (x, gate)]
-    if weight is not None:
-        inputs.append(weight.detach().requires_grad_())
-    with nan_poisoned_empty():
-        y = gatednorm.rms_norm_gated(*inputs, **options) if weight is not None else \
-            gatednorm.rms_norm_gated(*inputs, None, **options)
-        grads = torch.autograd.grad(y, inputs, dy)
-    return y.detach(), grads[0], grads[1], (grads[2] if weight is not None else None)
-
-
 def _assert_same_as_contiguous(x, gate, weight, dy, **options):
-    y, dx, dgate, dweight = _fused_on_views(x, gate, weight, dy, **options)
+    laid_out = fused_on_views(x, gate, weight, dy, **options)
+    y, dx, dgate, dweight = laid_out.y, laid_out.dx, laid_out.dgate, laid_out.dweight
     plain = fused(x.detach().contiguous(), gate.detach().contiguous(),
                   None if weight is None else weight.detach().contiguous(), dy.contiguous(),
                   **options)

@@ -13,26 +13,15 @@ import gatednorm
 from gatednorm.kernels import config, launch, layout
 
 from conftest import (
-    Result,
     assert_finite,
     assert_three_way,
     composite,
     fp64_truth,
+    fused_on_views,
     make_inputs,
-    nan_poisoned_empty,
 )
 
 pytestmark = pytest.mark.usefixtures("interpreter")
-
-
-def fused(x, gate, weight, dy, **options) -> Result:
-    """Forward and backward on the tensors exactly as laid out (conftest.fused clones them,
-    which makes a sliced gate contiguous), every output allocation NaN-poisoned."""
-    x, gate, weight = (t.detach().requires_grad_() for t in (x, gate, weight))
-    with nan_poisoned_empty():
-        y = gatednorm.rms_norm_gated(x, gate, weight, **options)
-        dx, dgate, dweight = torch.autograd.grad(y, (x, gate, weight), dy)
-    return Result(y.detach(), dx, dgate, dweight)
 
 
 def _plans(kind: str) -> list:
@@ -113,7 +102,7 @@ def test_backward_shares_row_offsets_on_multi_row_tiles_with_one_leading_dim(
 def test_launch_flags_of_a_bf16_gdn_step(monkeypatch, case, activation, forward_flags,
                                          backward_flags):
     monkeypatch.setattr(launch, "_PLANS", {})
-    fused(*_layout_inputs(case, torch.bfloat16), activation=activation)
+    fused_on_views(*_layout_inputs(case, torch.bfloat16), activation=activation)
     (forward_plan,), (backward_plan,) = _plans("fwd"), _plans("bwd")
     meta = forward_plan.meta
     assert (meta["RSTD_BY_PTX"], meta["GATE_ROWS_AS_X"], meta["Y_ROWS_AS_X"]) == forward_flags
@@ -151,7 +140,7 @@ def test_every_store_and_row_choice_gives_the_same_bits(monkeypatch, options, ca
                                                         shared, d):
     inputs = _layout_inputs(case, torch.float16, d)
     monkeypatch.setattr(launch, "_PLANS", {})
-    chosen = fused(*inputs, **options)
+    chosen = fused_on_views(*inputs, **options)
     assert_finite(chosen)
     assert_three_way(chosen, composite(*inputs, **options), fp64_truth(*inputs, **options),
                      30)
@@ -159,7 +148,7 @@ def test_every_store_and_row_choice_gives_the_same_bits(monkeypatch, options, ca
     monkeypatch.setattr(config, "FORWARD_TILE_STORE", _Always((by_ptx, shared)))
     monkeypatch.setattr(launch, "shares_row_offsets", lambda *args: shared)
     monkeypatch.setattr(launch, "_PLANS", {})
-    forced = fused(*inputs, **options)
+    forced = fused_on_views(*inputs, **options)
     (forward_plan,), (backward_plan,) = _plans("fwd"), _plans("bwd")
     assert forward_plan.meta["RSTD_BY_PTX"] is by_ptx
     # The launcher shares only what the strides allow: y is laid out like x unless x is
