@@ -22,6 +22,7 @@ import torch
 import triton
 
 from gatednorm.bench import timing
+from gatednorm.bench.cases import Case
 from gatednorm.kernels import launch
 from gatednorm.kernels.fast_launch import CachedLaunch
 
@@ -44,32 +45,36 @@ BACKWARD_VARIANTS = [
     ("own rows", OWN_BACKWARD),
     ("shared rows", {"SHARED": True}),
 ]
-# (name, x shape, group size, gate first, gate layout, dtype)
+def _case(name, shape, dtype, gate_layout="contiguous", activation="silu", group_size=None):
+    return Case(name, "ab", shape, dtype, gate_layout=gate_layout, activation=activation,
+                norm_before_gate=group_size is None, group_size=group_size)
+
+
+# The benchmark's inputs (gatednorm.bench.cases); group_size given: the gate-first cases.
 bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
 CASES = [
-    ("gdn8192x32", (8192, 32, 128), 128, False, "contiguous", bf16),
-    ("gdn8192x64", (8192, 64, 128), 128, False, "contiguous", bf16),
-    ("gdn65536x32", (65536, 32, 128), 128, False, "contiguous", bf16),
-    ("gdn8192x32-proj", (8192, 32, 128), 128, False, "proj", bf16),
-    ("gdn65536x32-proj", (65536, 32, 128), 128, False, "proj", bf16),
-    ("gdn8192x32-fp16", (8192, 32, 128), 128, False, "contiguous", fp16),
-    ("gdn8192x32-fp32", (8192, 32, 128), 128, False, "contiguous", fp32),
-    ("mamba2-8192x5120-g640", (8192, 5120), 640, True, "contiguous", bf16),
-    ("d64-786432r", (786432, 64), 64, False, "contiguous", bf16),
-    ("d96-524288r", (524288, 96), 96, False, "contiguous", bf16),
-    ("d256-196608r", (196608, 256), 256, False, "contiguous", bf16),
-    ("d1024-49152r", (49152, 1024), 1024, False, "contiguous", bf16),
-    ("d4096-12288r", (12288, 4096), 4096, False, "contiguous", bf16),
-    ("d192-262144r", (262144, 192), 192, False, "contiguous", bf16),
-    ("d64-786432r-fp16", (786432, 64), 64, False, "contiguous", fp16),
-    ("d96-524288r-fp16", (524288, 96), 96, False, "contiguous", fp16),
-    ("d192-262144r-fp16", (262144, 192), 192, False, "contiguous", fp16),
-    ("d256-196608r-fp16", (196608, 256), 256, False, "contiguous", fp16),
-    ("mamba2-8192x5120-g640-fp16", (8192, 5120), 640, True, "contiguous", fp16),
-    ("sigmoid4096x96", (4096, 96, 128), 128, False, "contiguous", bf16),
-    ("sigmoid4096x96-proj", (4096, 96, 128), 128, False, "proj", bf16),
+    _case("gdn8192x32", (8192, 32, 128), bf16),
+    _case("gdn8192x64", (8192, 64, 128), bf16),
+    _case("gdn65536x32", (65536, 32, 128), bf16),
+    _case("gdn8192x32-proj", (8192, 32, 128), bf16, "proj"),
+    _case("gdn65536x32-proj", (65536, 32, 128), bf16, "proj"),
+    _case("gdn8192x32-fp16", (8192, 32, 128), fp16),
+    _case("gdn8192x32-fp32", (8192, 32, 128), fp32),
+    _case("mamba2-8192x5120-g640", (8192, 5120), bf16, group_size=640),
+    _case("d64-786432r", (786432, 64), bf16),
+    _case("d96-524288r", (524288, 96), bf16),
+    _case("d256-196608r", (196608, 256), bf16),
+    _case("d1024-49152r", (49152, 1024), bf16),
+    _case("d4096-12288r", (12288, 4096), bf16),
+    _case("d192-262144r", (262144, 192), bf16),
+    _case("d64-786432r-fp16", (786432, 64), fp16),
+    _case("d96-524288r-fp16", (524288, 96), fp16),
+    _case("d192-262144r-fp16", (262144, 192), fp16),
+    _case("d256-196608r-fp16", (196608, 256), fp16),
+    _case("mamba2-8192x5120-g640-fp16", (8192, 5120), fp16, group_size=640),
+    _case("sigmoid4096x96", (4096, 96, 128), bf16, activation="sigmoid"),
+    _case("sigmoid4096x96-proj", (4096, 96, 128), bf16, "proj", activation="sigmoid"),
 ]
-# Cases named "sigmoid..." gate with a sigmoid (Kimi Linear), the others with SiLU.
 
 
 def _overrides(overrides: dict, gate_layout: str, backward: bool) -> dict:
@@ -94,17 +99,11 @@ def _replan(key, kernel, meta) -> None:
                                              cached_launch=CachedLaunch(kernel, meta))
 
 
-def _inputs(shape, gate_layout, device, dtype):
-    x = torch.randn(shape, device=device, dtype=dtype)
-    if gate_layout == "proj":
-        width = x.numel() // shape[0]
-        gate = torch.randn(shape[0], 3 * width, device=device, dtype=dtype)
-        gate = gate[:, width:2 * width].view(shape)
-    else:
-        gate = torch.randn(shape, device=device, dtype=dtype)
-    weight = torch.randn(shape[-1], device=device, dtype=dtype)
-    dy = torch.randn(shape, device=device, dtype=dtype)
-    return x, gate, weight, dy
+def _inputs(case: Case, device: torch.device, seed: int) -> tuple:
+    """(x, gate, weight, dy) of the benchmark's inputs, detached: the launchers are called
+    directly, and FLA's forward is timed without building a graph."""
+    inputs = case.make_inputs(device, seed)
+    return tuple(t.detach() for t in (inputs.x, inputs.gate, inputs.weight, inputs.dy))
 
 
 def main() -> None:
@@ -131,19 +130,18 @@ def main() -> None:
         print(f"{case:22s} {pass_} r{round_} {label:26s} {ms * 1e3:7.1f} us {frac * 100:5.1f} %"
               f" same bits {same_bits}", flush=True)
 
-    wanted = args.cases.split(",") if args.cases else [case[0] for case in CASES]
+    wanted = args.cases.split(",") if args.cases else [case.name for case in CASES]
     passes = args.passes.split(",")
-    for case, shape, group_size, gate_first, gate_layout, dtype in CASES:
-        if case not in wanted:
+    for spec in CASES:
+        if spec.name not in wanted:
             continue
-        numel = torch.Size(shape).numel()
-        size = dtype.itemsize
-        sets = max(2, -(-4 * 60 * 2**20 // (5 * size * numel)))
-        data = [_inputs(shape, gate_layout, device, dtype) for _ in range(sets)]
-        activation = "sigmoid" if case.startswith("sigmoid") else "silu"
+        case, gate_layout, activation = spec.name, spec.gate_layout, spec.activation
+        # Sets of inputs rotated through four times the L2 (60 MB), so every call is L2-cold.
+        sets = max(2, -(-4 * 60 * 2**20 // spec.bytes_allocated()))
+        data = [_inputs(spec, device, seed) for seed in range(sets)]
         options = dict(zero_centered_gamma=False, activation=activation,
-                       norm_before_gate=not gate_first, group_size=group_size, rounding="te",
-                       traceable=False)
+                       norm_before_gate=spec.norm_before_gate, group_size=spec.group,
+                       rounding="te", traceable=False)
         launch._PLANS.clear()
 
         def forward(a):
@@ -182,15 +180,15 @@ def main() -> None:
                                                   or torch.equal(rstd, rstd_ref))
                 ms = timing.measure([lambda a=a: forward(a) for a in data], device,
                                     timing.FULL).median_ms
-                record(case, "fwd", label, round_, ms, 3 * size * numel, same)
+                record(case, "fwd", label, round_, ms, spec.bytes_moved("fwd"), same)
             _replan(forward_key, forward_plan.kernel, forward_plan.meta)
-            if (fla_fn is not None and not gate_first and group_size == shape[-1]
+            if (fla_fn is not None and spec.norm_before_gate and spec.group == spec.d
                     and "fwd" in passes):
                 ms = timing.measure(
                     [lambda a=a: fla_fn(a[0], a[1], a[2], None, eps=1e-6,
                                         activation="swish" if activation == "silu" else activation)
                      for a in data], device, timing.FULL).median_ms
-                record(case, "fwd", "fla", round_, ms, 3 * size * numel, None)
+                record(case, "fwd", "fla", round_, ms, spec.bytes_moved("fwd"), None)
             for label, kernel, meta in backward_trials if "bwd" in passes else []:
                 _replan(backward_key, kernel, meta)
                 out = backward(data[0], rstd_ref)
@@ -198,7 +196,7 @@ def main() -> None:
                 ms = timing.measure([lambda a=a, r=r: backward(a, r)
                                      for a, r in zip(data, rstds)], device,
                                     timing.FULL).median_ms
-                record(case, "bwd", label, round_, ms, 5 * size * numel, same)
+                record(case, "bwd", label, round_, ms, spec.bytes_moved("bwd"), same)
             _replan(backward_key, backward_plan.kernel, backward_plan.meta)
         del data, rstds
         torch.cuda.empty_cache()
