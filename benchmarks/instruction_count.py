@@ -101,6 +101,9 @@ def main() -> None:
                         help="forward: the training forward (rstd stored)")
     parser.add_argument("--no-ptx", action="store_true",
                         help="forward: store rstd with tl.store (as under torch.compile)")
+    parser.add_argument("--split-pass", type=int, default=0, choices=(0, 1, 2),
+                        help="backward: 0 whole groups, 1 row dot products, 2 dx / dgate of "
+                             "a group cut into column blocks (backward.SPLIT_PASS)")
     parser.add_argument("--dump", help="write the counted SASS lines here")
     args = parser.parse_args()
 
@@ -111,12 +114,13 @@ def main() -> None:
     gate_as_x = as_x and args.leading_dims == 1
     if args.pass_ == "bwd":
         pointers = {name: "*bf16" for name in ("X", "GATE", "W", "DY", "DX", "DGATE")}
-        pointers.update(RSTD="*fp32", DW_PARTIAL="*fp32")
+        pointers.update(RSTD="*fp32", DW_PARTIAL="*fp32", ROW_DOTS="*fp32")
         compiled = compile_for_sm90(
             backward.backward_tile_kernel, pointers,
             dict(flags, BLOCK_ROWS=args.block_rows or 4, BLOCK_N=args.block_n,
                  LOOP_STAGES=args.stages, GATE_ROWS_AS_X=gate_as_x, DY_ROWS_AS_X=as_x,
-                 DX_ROWS_AS_X=as_x, DGATE_ROWS_AS_X=as_x), args.warps or 1)
+                 DX_ROWS_AS_X=as_x, DGATE_ROWS_AS_X=as_x, SPLIT_PASS=args.split_pass,
+                 DOT_BLOCKS=4 if args.split_pass else 1), args.warps or 1)
     else:
         pointers = {name: "*bf16" for name in ("X", "GATE", "W", "Y")}
         pointers.update(RSTD="*fp32")

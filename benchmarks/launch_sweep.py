@@ -97,7 +97,8 @@ BACKWARD_TILES = {
     8192: [(1, 8), (1, 16)],
 }
 FORWARD_LONG_ROWS = [(2048, 8), (4096, 8), (4096, 16)]
-BACKWARD_LONG_ROWS = [(2048, 8), (4096, 8), (4096, 16), (8192, 16), (8192, 32)]
+# The backward's column blocks of a long row (one-row tiles, two launches).
+BACKWARD_LONG_ROWS = [(1024, 4), (2048, 4), (2048, 8), (4096, 8)]
 
 
 def parse_tiles(text: str) -> dict[int, list[tuple[int, int]]]:
@@ -265,8 +266,7 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
             return rstds[x.data_ptr()]
 
         for config in backward_candidates(shape, stages):
-            kernel = (backward_kernels.backward_long_row_kernel if config.long_row
-                      else backward_kernels.backward_tile_kernel)
+            kernel = backward_kernels.backward_tile_kernel  # long rows: cut into its tiles
             for target, min_rows in itertools.product(targets, min_rows_per_chunk):
                 launch.backward_config = lambda group_size, c=config: c
                 config_module.BACKWARD_TARGET_PROGRAMS = target

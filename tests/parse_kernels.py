@@ -33,13 +33,18 @@ KERNELS = {
                                                                STORE_RSTD=True,
                                                                LOOP_STAGES=2)),
     "backward_tile": (backward.backward_tile_kernel, dict(BLOCK_ROWS=4, BLOCK_N=128,
-                                                          LOOP_STAGES=3)),
-    "backward_long_row": (backward.backward_long_row_kernel, dict(BLOCK_ROWS=1, BLOCK_N=4096,
-                                                                  LOOP_STAGES=3)),
+                                                          LOOP_STAGES=3, SPLIT_PASS=0,
+                                                          DOT_BLOCKS=1)),
+    # A group cut into column blocks: the row dot products, then dx and dgate.
+    "backward_split_row_dots": (backward.backward_tile_kernel, dict(
+        BLOCK_ROWS=1, BLOCK_N=2048, LOOP_STAGES=3, SPLIT_PASS=1, DOT_BLOCKS=16)),
+    "backward_split_input_grads": (backward.backward_tile_kernel, dict(
+        BLOCK_ROWS=1, BLOCK_N=2048, LOOP_STAGES=3, SPLIT_PASS=2, DOT_BLOCKS=16)),
     "dweight_reduce": (backward.dweight_reduce_kernel, dict(BLOCK_CHUNKS=128, BLOCK_COLS=32)),
 }
 POINTERS = {name: "*bf16" for name in ("X", "GATE", "W", "Y", "DY", "DX", "DGATE")}
-POINTERS.update(RSTD="*fp32", DW_PARTIAL="*fp32", PARTIAL="*fp32", OUT="*fp32")
+POINTERS.update(RSTD="*fp32", DW_PARTIAL="*fp32", ROW_DOTS="*fp32", PARTIAL="*fp32",
+                OUT="*fp32")
 
 
 def parse(kernel, constexprs: dict, unit_ints: bool) -> None:
@@ -76,6 +81,9 @@ ROW_FLAGS = {
     "backward_tile": [dict(GATE_ROWS_AS_X=share, DY_ROWS_AS_X=share, DX_ROWS_AS_X=share,
                            DGATE_ROWS_AS_X=share) for share in (False, True)],
 }
+# One-row tiles of a cut group never share row offsets (config.shares_row_offsets).
+ROW_FLAGS["backward_split_row_dots"] = ROW_FLAGS["backward_split_input_grads"] = [
+    ROW_FLAGS["backward_tile"][0]]
 
 
 def variants(kernel_name: str):

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).with_name("parse_kernels.py")
-KERNELS = ["forward_tile", "forward_row_loop", "forward_long_row", "backward_tile", "backward_long_row",
-           "dweight_reduce"]
+KERNELS = ["forward_tile", "forward_row_loop", "forward_long_row", "backward_tile",
+           "backward_split_row_dots", "backward_split_input_grads", "dweight_reduce"]
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -7,6 +7,7 @@ checked against fp64 by the accuracy tests or here.
 
 import pytest
 import torch
+import triton
 
 import gatednorm
 from gatednorm.kernels import config, launch, layout
@@ -209,7 +210,8 @@ def test_odd_group_sizes(d, group_size, norm_before_gate):
 
 
 # The forward holds groups of up to 16384 elements in one tile, the backward up to 8192; longer
-# groups take the looped ("long row") kernels.
+# groups take the "long row" kernels: the forward loops over a row's columns, the backward
+# cuts the group into column blocks over two launches.
 LONG_ROWS = [
     pytest.param((2, 20000), None, torch.bfloat16, True, "te", id="D20000-bf16-norm_first-te"),
     pytest.param((2, 20000), None, torch.float16, False, "te", id="D20000-fp16-gate_first-te"),
@@ -242,6 +244,28 @@ def test_long_rows(shape, group_size, dtype, norm_before_gate, rounding):
                          norm_before_gate=norm_before_gate)
 
 
+@pytest.mark.parametrize("block_n", [1024, 2048, 8192], ids=lambda n: f"blocks_of_{n}")
+@pytest.mark.parametrize("norm_before_gate", [True, False], ids=["norm_first", "gate_first"])
+def test_long_row_backward_in_any_column_block_width(monkeypatch, block_n, norm_before_gate):
+    # Two groups of 20000 cut into 20, 10 or 3 blocks (the last one partial; 20 and 10 are
+    # not powers of two, so the dot products are read through a masked DOT_BLOCKS tile).
+    # The block width changes only the order of the row's dot product and of dweight's sums:
+    # dgate after the norm does not depend on either and keeps its bits.
+    shape, group_size = (3, 40000), 20000
+    torch.manual_seed(0)
+    default = _check_against_truth(shape, torch.float16, group_size=group_size,
+                                   norm_before_gate=norm_before_gate, rounding="te")
+    monkeypatch.setattr(config, "BACKWARD_LONG_ROW", (block_n, 4, 3))
+    monkeypatch.setattr(launch, "_PLANS", {})
+    torch.manual_seed(0)
+    split = _check_against_truth(shape, torch.float16, group_size=group_size,
+                                 norm_before_gate=norm_before_gate, rounding="te")
+    plan = next(plan for key, plan in launch._PLANS.items() if key[0] == "bwd")
+    assert plan.column_blocks == 2 * triton.cdiv(group_size, block_n)
+    if norm_before_gate:
+        assert torch.equal(split.dgate, default.dgate)
+
+
 def test_long_rows_with_strided_leading_dims():
     b, s, d = 2, 2, 16400
     x = torch.randn(s, b, d).to(torch.bfloat16).transpose(0, 1)
@@ -269,21 +293,23 @@ def test_row_counts(rows, dtype):
 @pytest.mark.parametrize("shape", [(199, 64), (37, 4096), (5, 9000)],
                          ids=["tile", "wide_row_tile", "long_row"])
 def test_any_row_partition_gives_the_same_dx_and_dgate(monkeypatch, target_programs, shape):
-    # Few chunks: each tile program loops over several tiles (the last chunk partly full) and
-    # each long-row program over several rows. dx and dgate do not depend on the partition;
-    # dweight only through the order of its fp32 sums.
+    # Few chunks: each program loops over several tiles (the last chunk partly full), in a
+    # long row's two launches too. dx and dgate do not depend on the partition; dweight only
+    # through the order of its fp32 sums.
     x, gate, weight, dy = make_inputs(shape, torch.float16)
     default = fused(x, gate, weight, dy)
-    block_rows = config.backward_config(shape[-1]).block_rows
+    tile = config.backward_config(shape[-1])
+    block_rows = tile.block_rows
+    column_blocks = triton.cdiv(shape[-1], tile.block_n)  # 1 unless the row is split
     monkeypatch.setattr(config, "BACKWARD_TARGET_PROGRAMS", target_programs)
     monkeypatch.setattr(config, "BACKWARD_WIDE_ROW_TARGET_PROGRAMS", target_programs)
     # Launch plans are cached per shape: start from an empty cache so the patch is used.
     monkeypatch.setattr(launch, "_PLANS", {})
-    rows_per_chunk, num_chunks = config.backward_chunking(shape[0], 1, block_rows)
+    rows_per_chunk, num_chunks = config.backward_chunking(shape[0], column_blocks, block_rows)
     assert num_chunks <= target_programs and rows_per_chunk > block_rows
     partitioned = fused(x, gate, weight, dy)
     backward_plans = [plan for key, plan in launch._PLANS.items() if key[0] == "bwd"]
-    assert [plan.grid for plan in backward_plans] == [(num_chunks,)]
+    assert [plan.grid for plan in backward_plans] == [(num_chunks * column_blocks,)]
     assert torch.equal(partitioned.y, default.y)
     assert torch.equal(partitioned.dx, default.dx)
     assert torch.equal(partitioned.dgate, default.dgate)

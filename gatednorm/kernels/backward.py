@@ -2,8 +2,11 @@
 
 Rows are split into chunks of ``rows_per_chunk`` (a function of the row count and the group
 size only, never of the GPU), so the partial sums, and therefore dweight, have the same bits on
-every run and every GPU. Program ``pid`` owns group ``pid % num_groups`` of chunk
-``pid // num_groups`` and writes its whole dweight partial row, even when the chunk is empty.
+every run and every GPU. Program ``pid`` owns column block ``pid % column_blocks`` of chunk
+``pid // column_blocks`` and writes its whole dweight partial row, even when the chunk is empty.
+A column block is a whole group, or, for groups wider than a register tile (SPLIT_PASS), one
+BLOCK_N-wide part of a group: a first launch writes each row's dot product over each part, a
+second sums them in a fixed order and writes dx and dgate.
 
     h_hat     = h * rstd                       (h = x, or x * act(gate) gate-first)
     grad_hhat = d loss / d h_hat, gamma included          (backward_pointwise)
@@ -31,37 +34,62 @@ RUNTIME_INTS = [
     "stride_dy0", "stride_dy1", "stride_dy2",
     "stride_dx0", "stride_dx1", "stride_dx2",
     "stride_dgate0", "stride_dgate1", "stride_dgate2",
-    "num_groups", "rows_per_chunk",
+    "num_groups", "column_blocks", "rows_per_chunk",
 ]
+
+# SPLIT_PASS values of backward_tile_kernel (constexpr: a jit function may read a global
+# only when it is one).
+WHOLE_GROUPS = tl.constexpr(0)  # a tile holds whole groups: one launch
+ROW_DOTS_PASS = tl.constexpr(1)  # write each row's dot product over the block to ROW_DOTS
+INPUT_GRADS_PASS = tl.constexpr(2)  # sum a row's dot products, write dx, dgate, dweight
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
 def backward_tile_kernel(
-    X, GATE, W, DY, RSTD, DX, DGATE, DW_PARTIAL,
+    X, GATE, W, DY, RSTD, DX, DGATE, DW_PARTIAL, ROW_DOTS,
     rows, size1, size2,
     stride_x0, stride_x1, stride_x2,
     stride_gate0, stride_gate1, stride_gate2,
     stride_dy0, stride_dy1, stride_dy2,
     stride_dx0, stride_dx1, stride_dx2,
     stride_dgate0, stride_dgate1, stride_dgate2,
-    group_size, num_groups, rows_per_chunk, weight_size,
+    group_size, num_groups, column_blocks, rows_per_chunk, weight_size,
     LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_STAGES: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
     NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
     GATE_ROWS_AS_X: tl.constexpr, DY_ROWS_AS_X: tl.constexpr, DX_ROWS_AS_X: tl.constexpr,
-    DGATE_ROWS_AS_X: tl.constexpr,
+    DGATE_ROWS_AS_X: tl.constexpr, SPLIT_PASS: tl.constexpr, DOT_BLOCKS: tl.constexpr,
 ):
-    """Whole groups in [BLOCK_ROWS, BLOCK_N] tiles, looping over the chunk's rows.
+    """[BLOCK_ROWS, BLOCK_N] tiles of one column block, looping over the chunk's rows.
+
+    SPLIT_PASS = WHOLE_GROUPS: a column block is a group (column_blocks = num_groups).
+    Otherwise each group is cut into column_blocks // num_groups blocks of BLOCK_N columns
+    (at most DOT_BLOCKS), ROW_DOTS is fp32 [rows, column_blocks], and the kernel runs twice:
+    ROW_DOTS_PASS writes each row's sum of grad_hhat * h_hat over the block, INPUT_GRADS_PASS
+    adds a row's sums in block order (the same bits every run) for the mean and writes dx,
+    dgate and the dweight partial of its columns. Every element is loaded twice from memory,
+    16 bytes an element in 16-bit dtypes instead of 10, but both launches are tile kernels
+    with the whole GPU's parallelism, where one program walking a long row's columns twice
+    serializes each row on a few warps.
 
     A tensor whose row strides equal x's (*_ROWS_AS_X, set by the launcher) is addressed
     with x's row offsets."""
     pid = tl.program_id(0)
-    group = pid % num_groups
-    chunk = pid // num_groups
+    column_block = pid % column_blocks
+    chunk = pid // column_blocks
+    if SPLIT_PASS == WHOLE_GROUPS:
+        group = column_block
+        blocks_per_group = 1
+        block_start = 0
+    else:
+        blocks_per_group = column_blocks // num_groups
+        group = column_block // blocks_per_group
+        block_start = (column_block % blocks_per_group) * BLOCK_N
     cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < group_size
-    group_offset = group.to(tl.int64) * group_size
+    col_mask = cols < group_size - block_start
+    # Offset of the block's first column in a row (the group's, without a split).
+    group_offset = group.to(tl.int64) * group_size + block_start
     X_DTYPE: tl.constexpr = X.dtype.element_ty
     G_DTYPE: tl.constexpr = GATE.dtype.element_ty
 
@@ -143,15 +171,28 @@ def backward_tile_kernel(
         grad_hhat, dweight_term, dgate = backward_pointwise(
             act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE, WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT,
             NORM_BEFORE_GATE, ROUNDING)
-        mean_term = tl.sum(grad_hhat * h_hat, axis=1) / group_size  # [BLOCK_ROWS]
-        grad_h = rstd[:, None] * (grad_hhat - h_hat * mean_term[:, None])
-        dx, dgate = backward_inputs(x, grad_h, act, slope, dgate, X_DTYPE, G_DTYPE,
-                                    NORM_BEFORE_GATE, ROUNDING)
-        tl.store(DX + dx_rows[:, None] + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
-        tl.store(DGATE + dgate_rows[:, None] + cols[None, :], dgate.to(DGATE.dtype.element_ty),
-                 mask=mask)
-        if HAS_WEIGHT:
-            dweight += tl.sum(tl.where(mask, dweight_term, 0.0), axis=0)
+        if SPLIT_PASS == ROW_DOTS_PASS:
+            tl.store(ROW_DOTS + rows_idx * column_blocks + column_block,
+                     tl.sum(grad_hhat * h_hat, axis=1), mask=row_mask)
+        else:
+            if SPLIT_PASS == WHOLE_GROUPS:
+                mean_term = tl.sum(grad_hhat * h_hat, axis=1) / group_size  # [BLOCK_ROWS]
+            else:
+                blocks = tl.arange(0, DOT_BLOCKS)
+                dots = tl.load(
+                    ROW_DOTS + rows_idx[:, None] * column_blocks
+                    + (group * blocks_per_group + blocks)[None, :],
+                    mask=row_mask[:, None] & (blocks < blocks_per_group)[None, :], other=0.0)
+                mean_term = tl.sum(dots, axis=1) / group_size
+            grad_h = rstd[:, None] * (grad_hhat - h_hat * mean_term[:, None])
+            dx, dgate = backward_inputs(x, grad_h, act, slope, dgate, X_DTYPE, G_DTYPE,
+                                        NORM_BEFORE_GATE, ROUNDING)
+            tl.store(DX + dx_rows[:, None] + cols[None, :], dx.to(DX.dtype.element_ty),
+                     mask=mask)
+            tl.store(DGATE + dgate_rows[:, None] + cols[None, :],
+                     dgate.to(DGATE.dtype.element_ty), mask=mask)
+            if HAS_WEIGHT:
+                dweight += tl.sum(tl.where(mask, dweight_term, 0.0), axis=0)
 
         if LEADING_DIMS == 2:  # the next tile's row offsets
             inner += inner_step
@@ -163,98 +204,9 @@ def backward_tile_kernel(
             dx_units += tl.where(wrapped, dx_wrap, dx_step)
             dgate_units += tl.where(wrapped, dgate_wrap, dgate_step)
 
-    if HAS_WEIGHT:
+    if HAS_WEIGHT and SPLIT_PASS != ROW_DOTS_PASS:
         tl.store(DW_PARTIAL + chunk.to(tl.int64) * weight_size + group_offset + cols, dweight,
                  mask=col_mask)
-
-
-@triton.jit
-def _long_row_chunk(X, GATE, W, DY, x_row, g_row, dy_row, group_offset, start, cols, rstd,
-                    group_size, HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr,
-                    ACTIVATION: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr,
-                    ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr):
-    """Load one BLOCK_N chunk of a long row and compute its pointwise backward terms; both
-    passes of backward_long_row_kernel recompute them rather than keep a row in registers."""
-    col_mask = start + cols < group_size
-    x = tl.load(X + x_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
-    g = tl.load(GATE + g_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
-    dy = tl.load(DY + dy_row + start + cols, mask=col_mask, other=0.0).to(tl.float32)
-    gamma = load_gamma(W, group_offset + start + cols, col_mask, HAS_WEIGHT, ZERO_CENTERED)
-    act, slope = activation_and_slope(g, ACTIVATION)
-    h_hat = gated_input(x, act, X.dtype.element_ty, NORM_BEFORE_GATE, ROUNDING) * rstd
-    grad_hhat, dweight_term, dgate = backward_pointwise(
-        act, slope, dy, h_hat, gamma, X.dtype.element_ty, GATE.dtype.element_ty,
-        WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
-    return x, act, slope, h_hat, grad_hhat, dweight_term, dgate
-
-
-@triton.jit(do_not_specialize=RUNTIME_INTS)
-def backward_long_row_kernel(
-    X, GATE, W, DY, RSTD, DX, DGATE, DW_PARTIAL,
-    rows, size1, size2,
-    stride_x0, stride_x1, stride_x2,
-    stride_gate0, stride_gate1, stride_gate2,
-    stride_dy0, stride_dy1, stride_dy2,
-    stride_dx0, stride_dx1, stride_dx2,
-    stride_dgate0, stride_dgate1, stride_dgate2,
-    group_size, num_groups, rows_per_chunk, weight_size,
-    LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_STAGES: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
-    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
-):
-    """Groups longer than a register tile: per row, pass 1 reduces mean(grad_hhat * h_hat)
-    over BLOCK_N chunks, pass 2 recomputes each chunk and writes dx and dgate. The dweight
-    partial row is this program's own, zero-filled by the launcher, and updated in place."""
-    pid = tl.program_id(0)
-    group = pid % num_groups
-    chunk = pid // num_groups
-    cols = tl.arange(0, BLOCK_N)
-    group_offset = group.to(tl.int64) * group_size
-    X_DTYPE: tl.constexpr = X.dtype.element_ty
-    G_DTYPE: tl.constexpr = GATE.dtype.element_ty
-    partial_row = DW_PARTIAL + chunk.to(tl.int64) * weight_size + group_offset
-
-    chunk_start = chunk.to(tl.int64) * rows_per_chunk
-    for row_in_chunk in range(0, rows_per_chunk):
-        row = chunk_start + row_in_chunk
-        if row < rows:
-            x_row = row_offsets(row, size1, size2, stride_x0, stride_x1, stride_x2,
-                                group_offset, LEADING_DIMS, ROW_ALIGN)
-            g_row = row_offsets(row, size1, size2, stride_gate0, stride_gate1, stride_gate2,
-                                group_offset, LEADING_DIMS, ROW_ALIGN)
-            dy_row = row_offsets(row, size1, size2, stride_dy0, stride_dy1, stride_dy2,
-                                 group_offset, LEADING_DIMS, ROW_ALIGN)
-            dx_row = row_offsets(row, size1, size2, stride_dx0, stride_dx1, stride_dx2,
-                                 group_offset, LEADING_DIMS, ROW_ALIGN)
-            dgate_row = row_offsets(row, size1, size2, stride_dgate0, stride_dgate1, stride_dgate2,
-                                    group_offset, LEADING_DIMS, ROW_ALIGN)
-            rstd = tl.load(RSTD + row * num_groups + group)
-
-            dot = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for start in tl.range(0, group_size, BLOCK_N, num_stages=LOOP_STAGES):
-                _, _, _, h_hat, grad_hhat, _, _ = _long_row_chunk(
-                    X, GATE, W, DY, x_row, g_row, dy_row, group_offset, start, cols, rstd,
-                    group_size, HAS_WEIGHT, ZERO_CENTERED, ACTIVATION, NORM_BEFORE_GATE,
-                    ROUNDING, WEIGHT_PRODUCT_ROUNDED)
-                dot += grad_hhat * h_hat
-            mean_term = tl.sum(dot, axis=0) / group_size
-
-            for start in tl.range(0, group_size, BLOCK_N, num_stages=LOOP_STAGES):
-                col_mask = start + cols < group_size
-                x, act, slope, h_hat, grad_hhat, dweight_term, dgate = _long_row_chunk(
-                    X, GATE, W, DY, x_row, g_row, dy_row, group_offset, start, cols, rstd,
-                    group_size, HAS_WEIGHT, ZERO_CENTERED, ACTIVATION, NORM_BEFORE_GATE,
-                    ROUNDING, WEIGHT_PRODUCT_ROUNDED)
-                grad_h = rstd * (grad_hhat - h_hat * mean_term)
-                dx, dgate = backward_inputs(x, grad_h, act, slope, dgate, X_DTYPE, G_DTYPE,
-                                            NORM_BEFORE_GATE, ROUNDING)
-                tl.store(DX + dx_row + start + cols, dx.to(DX.dtype.element_ty), mask=col_mask)
-                tl.store(DGATE + dgate_row + start + cols, dgate.to(DGATE.dtype.element_ty),
-                         mask=col_mask)
-                if HAS_WEIGHT:
-                    partial = tl.load(partial_row + start + cols, mask=col_mask, other=0.0)
-                    tl.store(partial_row + start + cols, partial + dweight_term, mask=col_mask)
 
 
 @triton.jit(do_not_specialize=["num_chunks"])

@@ -15,7 +15,7 @@ import triton
 # Measured best (block_rows, num_warps, loop_stages) per power-of-two tile width, bf16, on an
 # H200 (docs/perf-notes.md, benchmarks/results/h200-2026-12-02-launch-sweep-v*.json).
 # Forward groups up to 16384 elements stay in registers; the backward keeps about three times
-# as many live values and loops beyond 8192. The backward's loop over its chunk's rows is
+# as many live values and cuts groups wider than 8192 into column blocks (two launches). The backward's loop over its chunk's rows is
 # software-pipelined (loop_stages tiles of loads in flight per program): without it a program
 # waits on every tile's loads, and the backward stayed under 75 % of copy bandwidth.
 # A forward entry with loop_stages > 1 runs forward_row_loop_kernel: resident programs that
@@ -38,11 +38,15 @@ BACKWARD_TILES = {
 # 95.0 %, 640 84.3 -> 87.1 %). Full tiles of 128-4096 measured the one-tile kernel faster.
 FORWARD_PARTIAL_TILES = {128: (16, 4, 3), 256: (8, 4, 3), 1024: (2, 2, 3)}
 BACKWARD_PARTIAL_TILES = {1024: (2, 4, 3)}
-# Long rows: (block_n, num_warps, loop_stages) of the looped kernels. 16 warps in the backward
-# keep the register count at 62 without spills (8 warps: 128 and spilling), 44 -> 46 % at
-# D=16384 (launch-sweep-v5-long-row-bwd).
+# Long rows: (block_n, num_warps, loop_stages) of the looped forward kernel, and of the
+# one-row tile of the backward's two launches over blocks of block_n columns of a group
+# (variant 28). Cold, L2-cold timings at D = 16384 / 32768 (h200-2026-12-03-ab-13-long-row-
+# backward.json): 1 x 2048, 4 warps, 3 stages 225.0 / 219.3 us in bf16, 220.0 / 217.2 in
+# fp16, 405 / 406 in fp32; the looped kernel before it 326 / 362, 360 / 347, 463 / 496. Other
+# tiles within 3 % (2 x 1024 x 4 warps: fp32 1.5 % faster, 1 x 1024: fp16 3 % faster,
+# bf16 3 % slower); 2048 x 8 warps and 4096 x 16 were 5-30 % slower.
 FORWARD_LONG_ROW = (4096, 16, 1)
-BACKWARD_LONG_ROW = (4096, 16, 3)
+BACKWARD_LONG_ROW = (2048, 4, 3)
 # Shared memory a block may use when the device cannot be asked (H100 and H200: 227 KB), and
 # what to leave beside the prefetch buffers for the kernels' reductions.
 DEFAULT_SHARED_MEMORY_BYTES = 232448
@@ -118,9 +122,11 @@ class LaunchConfig:
     block_rows: int
     block_n: int
     num_warps: int
+    # The group is wider than block_n: the forward loops over its columns, the backward cuts
+    # it into column blocks of block_n (two launches).
     long_row: bool
-    # Software-pipelining depth of the kernel's loop (rows in the backward tile kernel,
-    # column chunks in the long-row kernels); 1 = no prefetch. Unused by the forward tile.
+    # Software-pipelining depth of the kernel's loop (rows in the backward tile kernel and
+    # the forward row loop, column chunks in the forward long-row kernel); 1 = no prefetch.
     loop_stages: int = 1
 
 
@@ -166,12 +172,11 @@ def fit_shared_memory(config: LaunchConfig, loaded_bytes_per_element: int,
                       shared_memory_bytes: int) -> LaunchConfig:
     """``config``, or the same without prefetching (loop_stages 1) when its prefetch buffers
     would not fit the device's shared memory: (loop_stages - 1) tiles of everything the loop
-    loads (``loaded_bytes_per_element`` summed over those tensors), for each of the long-row
-    kernel's two loops. The table was tuned on 16-bit inputs; fp32 inputs double the buffers,
-    and a kernel over the limit would fail to launch. Prefetching changes no result."""
-    loops = 2 if config.long_row else 1
+    loads (``loaded_bytes_per_element`` summed over those tensors). The table was tuned on
+    16-bit inputs; fp32 inputs double the buffers, and a kernel over the limit would fail to
+    launch. Prefetching changes no result."""
     prefetch_bytes = ((config.loop_stages - 1) * config.block_rows * config.block_n
-                      * loaded_bytes_per_element * loops)
+                      * loaded_bytes_per_element)
     if config.loop_stages > 1 and prefetch_bytes + SHARED_MEMORY_RESERVE > shared_memory_bytes:
         return replace(config, loop_stages=1)
     return config

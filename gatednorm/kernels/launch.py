@@ -16,7 +16,9 @@ import triton
 from torch.library import wrap_triton
 
 from gatednorm.kernels.backward import (
-    backward_long_row_kernel,
+    INPUT_GRADS_PASS,
+    ROW_DOTS_PASS,
+    WHOLE_GROUPS,
     backward_tile_kernel,
     dweight_reduce_kernel,
 )
@@ -64,6 +66,11 @@ class _Plan:
     # without Triton's argument binding (fast_launch.py).
     cached_launch: CachedLaunch | None = None
     reduce_launches: tuple[CachedLaunch, CachedLaunch] | None = None
+    # Backward: programs per chunk of rows (num_groups, times the blocks a group is cut into
+    # when wider than a tile); with a cut, the first of the two launches (ROW_DOTS_PASS).
+    column_blocks: int = 0
+    row_dots_meta: dict | None = None
+    row_dots_launch: CachedLaunch | None = None
 
 
 # Plans of eager calls, keyed by shapes, strides, dtypes and options: a decode step repeats the
@@ -278,31 +285,41 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
     def build() -> _Plan:
         layout, copies = _row_layout_of([x, gate, dy], [dx, dgate], group_size)
         config = backward_config(group_size)
-        # The long-row kernel loads the weight inside its loops, the tile kernel once before.
-        loaded = [x, gate, dy] + ([weight] if weight is not None and config.long_row else [])
-        config = fit_shared_memory(config, sum(t.element_size() for t in loaded),
-                                   shared_memory_bytes(x.device))
-        rows_per_chunk, num_chunks = backward_chunking(layout.rows, num_groups,
+        config = fit_shared_memory(config, x.element_size() + gate.element_size()
+                                   + dy.element_size(), shared_memory_bytes(x.device))
+        # A group wider than the tile is cut into blocks of block_n columns (two launches).
+        column_blocks = num_groups * triton.cdiv(group_size, config.block_n)
+        rows_per_chunk, num_chunks = backward_chunking(layout.rows, column_blocks,
                                                        config.block_rows,
                                                        backward_target_programs(config))
-        kernel = backward_long_row_kernel if config.long_row else backward_tile_kernel
         meta = _meta(layout, config, x.dtype, weight, zero_centered_gamma, activation,
                      norm_before_gate, rounding)
-        if not config.long_row:
-            share = shares_row_offsets(config, layout.leading_dims, group_size)
-            _, gate_as_x, dy_as_x, dx_as_x, dgate_as_x = layout.rows_as_first
-            meta.update(GATE_ROWS_AS_X=share and gate_as_x, DY_ROWS_AS_X=share and dy_as_x,
-                        DX_ROWS_AS_X=share and dx_as_x, DGATE_ROWS_AS_X=share and dgate_as_x)
+        share = shares_row_offsets(config, layout.leading_dims, group_size)
+        _, gate_as_x, dy_as_x, dx_as_x, dgate_as_x = layout.rows_as_first
+        meta.update(GATE_ROWS_AS_X=share and gate_as_x, DY_ROWS_AS_X=share and dy_as_x,
+                    DX_ROWS_AS_X=share and dx_as_x, DGATE_ROWS_AS_X=share and dgate_as_x,
+                    SPLIT_PASS=WHOLE_GROUPS.value, DOT_BLOCKS=1)
+        row_dots_meta = None
+        if config.long_row:
+            dot_blocks = triton.next_power_of_2(column_blocks // num_groups)
+            meta.update(SPLIT_PASS=INPUT_GRADS_PASS.value, DOT_BLOCKS=dot_blocks)
+            row_dots_meta = dict(meta, SPLIT_PASS=ROW_DOTS_PASS.value)
+        cached = not traceable
         return _Plan(
-            kernel=kernel,
-            grid=(num_chunks * num_groups,),
-            layout_args=_layout_args(layout) + (group_size, num_groups, rows_per_chunk, d),
+            kernel=backward_tile_kernel,
+            grid=(num_chunks * column_blocks,),
+            layout_args=_layout_args(layout) + (group_size, num_groups, column_blocks,
+                                                rows_per_chunk, d),
             meta=meta,
             layout_copies=copies,
-            cached_launch=None if traceable else CachedLaunch(kernel, meta),
-            reduce_launches=None if traceable else (
-                CachedLaunch(dweight_reduce_kernel, _REDUCE_META),
-                CachedLaunch(dweight_reduce_kernel, _REDUCE_META)),
+            cached_launch=CachedLaunch(backward_tile_kernel, meta) if cached else None,
+            reduce_launches=(CachedLaunch(dweight_reduce_kernel, _REDUCE_META),
+                             CachedLaunch(dweight_reduce_kernel, _REDUCE_META))
+            if cached else None,
+            row_dots_meta=row_dots_meta,
+            row_dots_launch=(CachedLaunch(backward_tile_kernel, row_dots_meta)
+                             if cached and row_dots_meta is not None else None),
+            column_blocks=column_blocks,
         )
 
     key = None if traceable else (
@@ -312,19 +329,27 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
     plan = _cached_plan(key, build)
     if plan.layout_copies:
         x, gate, dy = x.contiguous(), gate.contiguous(), dy.contiguous()
-    num_chunks = plan.grid[0] // num_groups
-    long_row = plan.kernel is backward_long_row_kernel
+    num_chunks = plan.grid[0] // plan.column_blocks
     blocks = triton.cdiv(num_chunks, DWEIGHT_BLOCK_CHUNKS)
     # One flat fp32 buffer: the chunk partials, then the block sums of the first reduction
     # level. Flat, because a [num_chunks, d] shape would make torch.compile guard on
-    # num_chunks == 1. The looped kernel adds into its partial row, so it starts at zero.
-    allocate = torch.zeros if long_row else torch.empty
-    scratch = allocate(((num_chunks + blocks) * d,) if weight is not None else (0,),
-                       dtype=torch.float32, device=x.device)
-    tensors = (x, gate, x if weight is None else weight, dy, rstd, dx, dgate, scratch)
+    # num_chunks == 1.
+    scratch = torch.empty(((num_chunks + blocks) * d,) if weight is not None else (0,),
+                          dtype=torch.float32, device=x.device)
+    # Unused without a split; any fp32 tensor stands in for the pointer.
+    row_dots = (torch.empty((plan.layout_args[0] * plan.column_blocks,),
+                            dtype=torch.float32, device=x.device)
+                if plan.row_dots_meta is not None else rstd)
+    tensors = (x, gate, x if weight is None else weight, dy, rstd, dx, dgate, scratch,
+               row_dots)
     if traceable:
+        if plan.row_dots_meta is not None:
+            wrap_triton(plan.kernel)[plan.grid](*tensors, *plan.layout_args,
+                                                **plan.row_dots_meta)
         wrap_triton(plan.kernel)[plan.grid](*tensors, *plan.layout_args, **plan.meta)
     else:
+        if plan.row_dots_launch is not None:
+            plan.row_dots_launch(plan.grid, tensors, plan.layout_args)
         plan.cached_launch(plan.grid, tensors, plan.layout_args)
     if weight is not None:
         _reduce_partials(scratch, dweight, num_chunks, blocks, d, plan.reduce_launches)

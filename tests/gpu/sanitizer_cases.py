@@ -9,8 +9,7 @@ runs then load the kernels instead of compiling them.) Without the caching alloc
 tensor is its own cudaMalloc, so an out-of-bounds access cannot hide inside a cached block.
 Inputs are drawn on the CPU and copied over, and results are checked on the CPU against the
 fp64 composite with the suite's accuracy rule, so nearly every kernel the sanitizer sees is one
-of ours (the exception: the zero fill of the long-row dweight partials). Exits 1 if a result is
-wrong, 2 without CUDA.
+of ours. Exits 1 if a result is wrong, 2 without CUDA.
 """
 
 from __future__ import annotations
@@ -84,7 +83,7 @@ def kernel_paths(case: Case) -> str:
 
     def name(launch_config, loop_name):
         if launch_config.long_row:
-            return "long-row"
+            return f"long-row, columns in blocks of {launch_config.block_n}"
         kind = loop_name if launch_config.loop_stages > 1 else "tile"
         return f"{kind} {launch_config.block_rows}x{launch_config.block_n}"
 

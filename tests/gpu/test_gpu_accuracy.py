@@ -78,7 +78,7 @@ def test_option_space(options, dtypes, shape, group_size, layout, report, reques
 @pytest.mark.parametrize("case", REALISTIC_CASES, ids=lambda c: c.name)
 def test_realistic_sizes(case, report, request):
     """GDN 8192 x 32 x 128 with a sliced gate, 4096 x 5120 gate-first in groups of 1024,
-    permuted [B, S, H, D] views, and rows of 65536 (the looped long-row kernels)."""
+    permuted [B, S, H, D] views, and rows of 65536 (the long-row kernels)."""
     check(case, report, request.node.nodeid)
 
 
@@ -96,8 +96,9 @@ ODD_OPTIONS = (
     "d20000-long-rows"))
 def test_odd_shapes(d, rows, options, report, request):
     """Odd widths through each kernel path (gatednorm.kernels.config): 512-row tiles of 4
-    columns, 16 x 128 tiles, one-row 8192-wide tiles, a 2 x 16384 forward tile with the looped
-    backward, and the looped kernels both ways."""
+    columns, 16 x 128 tiles, one-row 8192-wide tiles, a 2 x 16384 forward tile with the
+    backward cut into column blocks, and the long-row kernels both ways (forward looped,
+    backward cut)."""
     check(Case(f"odd-{rows}x{d}", (rows, d), options), report, request.node.nodeid)
 
 

@@ -9,11 +9,7 @@ import torch
 from torch import nn
 
 import gatednorm
-from gatednorm.kernels.backward import (
-    backward_long_row_kernel,
-    backward_tile_kernel,
-    dweight_reduce_kernel,
-)
+from gatednorm.kernels.backward import backward_tile_kernel, dweight_reduce_kernel
 from gatednorm.kernels.forward import forward_long_row_kernel, forward_tile_kernel
 
 from .helpers import (
@@ -37,7 +33,7 @@ pytestmark = [requires_cuda, pytest.mark.timeout(240)]
 # --------------------------------------------------------------------------------------------
 
 KERNELS = (forward_tile_kernel, forward_long_row_kernel, backward_tile_kernel,
-           backward_long_row_kernel, dweight_reduce_kernel)
+           dweight_reduce_kernel)
 
 ROW_COUNTS = tuple(range(1, 65)) + (
     97, 100, 127, 128, 129, 199, 255, 256, 257, 383, 500, 511, 512, 513, 777, 1000, 1023, 1024,
