@@ -57,6 +57,7 @@ SHAPES = {
     # The benchmark's GDN 4096 tokens x 32 heads and its D=64 / D=1024 sweep points.
     "gdn4096x32": Shape("gdn4096x32", 1 << 17, 128, 128, True),
     "d64": Shape("d64", 786432, 64, 64, True),
+    "d32": Shape("d32", 1572864, 32, 32, True),
     "d1024": Shape("d1024", 49152, 1024, 1024, True),
     # Mamba2 8192 x 5120, groups of 640, gate first.
     "mamba2": Shape("mamba2", 8192, 5120, 640, False),
@@ -155,7 +156,7 @@ def forget_compiled(kernel) -> None:
         cache[0].clear()
 
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Heads per token when --gate proj slices the gate from a [tokens, 3 * heads * d] projection.
 PROJ_HEADS = 32
 

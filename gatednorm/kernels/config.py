@@ -23,9 +23,12 @@ import triton
 # one-tile kernel has nothing to overlap a tile's loads with). The forward 1024 tile takes one
 # warp a row: 74.5-74.7 us against 78.3-78.6 us for two warps at D = 1024 in two sweeps timed
 # as the benchmark times (launch-sweep-v6-cold-fwd, -cold-fwd-1024).
+# The 64 tile (and so every narrower group, as many rows as it holds elements) takes 16 rows
+# and 2 warps: 74.1 us against 78.1 us for 32 rows and 4 warps at D = 64 bf16, cold
+# (h200-2026-12-03-launch-sweep-v7-d64.json).
 FORWARD_TILES = {
-    128: (16, 4, 1), 256: (4, 2, 1), 512: (4, 4, 1), 1024: (1, 1, 1), 2048: (1, 2, 1),
-    4096: (1, 4, 1), 8192: (1, 8, 3), 16384: (2, 32, 1),
+    64: (16, 2, 1), 128: (16, 4, 1), 256: (4, 2, 1), 512: (4, 4, 1), 1024: (1, 1, 1),
+    2048: (1, 2, 1), 4096: (1, 4, 1), 8192: (1, 8, 3), 16384: (2, 32, 1),
 }
 BACKWARD_TILES = {
     128: (4, 1, 3), 256: (4, 1, 3), 512: (2, 2, 4), 1024: (1, 2, 3), 2048: (1, 2, 3),

@@ -95,7 +95,7 @@ ODD_OPTIONS = (
     "d3-narrow-tile", "d80", "d5000-one-row-tiles", "d9000-wide-tile-long-row-backward",
     "d20000-long-rows"))
 def test_odd_shapes(d, rows, options, report, request):
-    """Odd widths through each kernel path (gatednorm.kernels.config): 512-row tiles of 4
+    """Odd widths through each kernel path (gatednorm.kernels.config): 256-row tiles of 4
     columns, 16 x 128 tiles, one-row 8192-wide tiles, a 2 x 16384 forward tile with the
     backward cut into column blocks, and the long-row kernels both ways (forward looped,
     backward cut)."""
