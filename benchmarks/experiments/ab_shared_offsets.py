@@ -8,6 +8,8 @@ forward.py (the tree before variant 27) with the flags removed.
 
     python benchmarks/experiments/ab_shared_offsets.py --before .dev/forward_head.py
     # on a CUDA machine; writes $OUT/ab-shared-offsets.json
+    python benchmarks/experiments/ab_shared_offsets.py --passes bwd --maxnreg 96,128 \
+        --cases gdn8192x32,gdn8192x32-proj   # the backward with ptxas register caps
 """
 
 from __future__ import annotations
@@ -111,6 +113,9 @@ def main() -> None:
     parser.add_argument("--before", help="an older forward.py to time beside")
     parser.add_argument("--cases", help="comma-separated names to run (default: all)")
     parser.add_argument("--passes", default="fwd,bwd")
+    parser.add_argument("--maxnreg", default="",
+                        help="also time the shipped backward with ptxas capped at each of "
+                             "these register counts (comma-separated; variant 32)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."),
                                                       "ab-shared-offsets.json"))
     args = parser.parse_args()
@@ -172,6 +177,9 @@ def main() -> None:
              dict(backward_plan.meta, **_overrides(dict(overrides), gate_layout, True)))
             for label, overrides in BACKWARD_VARIANTS
             if all(k in backward_plan.meta for k in overrides if k != "SHARED")]
+        backward_trials += [(f"maxnreg {cap}", backward_plan.kernel,
+                             dict(backward_plan.meta, maxnreg=int(cap)))
+                            for cap in filter(None, args.maxnreg.split(","))]
         for round_ in (1, 2):
             for label, kernel, meta in forward_trials if "fwd" in passes else []:
                 _replan(forward_key, kernel, meta)
