@@ -32,6 +32,18 @@ RUNTIME_INTS = [
 ]
 
 
+@triton.jit
+def tile_statistics(x, g, group_size, eps, X_DTYPE: tl.constexpr, ACTIVATION: tl.constexpr,
+                    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr):
+    """(act, h, rstd) of a [rows, BLOCK_N] tile holding whole groups: act(gate), the tensor
+    the statistics are taken over, and each row's 1 / sqrt(mean(h^2) + eps)."""
+    act, _ = activation_and_slope(g, ACTIVATION)
+    h = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING)
+    mean_square = tl.sum(h * h, axis=1) / group_size  # [rows]
+    rstd = 1.0 / tl.sqrt(mean_square + eps)
+    return act, h, rstd
+
+
 @triton.jit(do_not_specialize=RUNTIME_INTS)
 def forward_tile_kernel(
     X, GATE, W, Y, RSTD,
@@ -74,10 +86,8 @@ def forward_tile_kernel(
     g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     gamma = load_gamma(W, group_offset + cols, col_mask, HAS_WEIGHT, ZERO_CENTERED)  # [BLOCK_N]
 
-    act, _ = activation_and_slope(g, ACTIVATION)
-    h = gated_input(x, act, X.dtype.element_ty, NORM_BEFORE_GATE, ROUNDING)
-    mean_square = tl.sum(h * h, axis=1) / group_size  # [BLOCK_ROWS]
-    rstd = 1.0 / tl.sqrt(mean_square + eps)
+    act, h, rstd = tile_statistics(x, g, group_size, eps, X.dtype.element_ty, ACTIVATION,
+                                   NORM_BEFORE_GATE, ROUNDING)
     rstd_pointers = RSTD + rows_idx.to(tl.int64) * num_groups + group
     if STORE_RSTD and RSTD_BY_PTX:
         # Before y, so that its pointers and values are not held across y's math.
@@ -134,10 +144,8 @@ def forward_row_loop_kernel(
 
         x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        act, _ = activation_and_slope(g, ACTIVATION)
-        h = gated_input(x, act, X.dtype.element_ty, NORM_BEFORE_GATE, ROUNDING)
-        mean_square = tl.sum(h * h, axis=1) / group_size  # [BLOCK_ROWS]
-        rstd = 1.0 / tl.sqrt(mean_square + eps)
+        act, h, rstd = tile_statistics(x, g, group_size, eps, X.dtype.element_ty, ACTIVATION,
+                                       NORM_BEFORE_GATE, ROUNDING)
         y = forward_output(h * rstd[:, None], act, gamma, X.dtype.element_ty,
                            WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
         tl.store(Y + y_rows[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
