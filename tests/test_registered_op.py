@@ -15,7 +15,7 @@ import gatednorm
 from gatednorm import ops
 from gatednorm.kernels import launch
 
-from conftest import make_inputs
+from conftest import make_inputs, nan_poisoned_empty
 
 pytestmark = pytest.mark.usefixtures("interpreter")
 
@@ -83,6 +83,32 @@ def test_every_path_into_the_kernels_gives_the_same_bits(case):
         if a is not None:
             assert torch.equal(a.grad, b.grad), f"{name}: registered op and eager path differ"
     assert rstd.shape == (*x.shape[:-1], x.shape[-1] // group) and rstd.dtype == torch.float32
+
+
+@pytest.mark.parametrize("shape, group_size, sliced_gate", [
+    ((6, 32), None, False), ((40, 96), None, True), ((3, 20000), None, False),
+    ((2, 40000), 20000, True)], ids=["tile", "row_loop-sliced_gate", "long_row",
+                                     "long_row-two_groups-sliced_gate"])
+def test_traced_launches_give_the_eager_launches_bits(shape, group_size, sliced_gate):
+    """Inside torch.compile the kernels launch through wrap_triton (traceable=True) with
+    their own flags (no inline-PTX store, no shared row offsets) and, for groups wider than a
+    backward tile, as two launches over column blocks. On the CPU those launches run eagerly
+    through the interpreter: they must give the eager path's bits."""
+    torch.manual_seed(0)
+    x, gate, weight, dy = make_inputs(shape, torch.float16)
+    if sliced_gate:  # every tensor but the gate contiguous: the launchers' own offsets
+        gate = torch.cat([gate, torch.randn(shape, dtype=torch.float16)], dim=-1)[..., :shape[-1]]
+    options = dict(zero_centered_gamma=False, activation="silu", norm_before_gate=not sliced_gate,
+                   group_size=group_size or shape[-1], rounding="te")
+    results = []
+    for traceable in (False, True):
+        launch._PLANS.clear()
+        with nan_poisoned_empty():  # outputs and scratch (the row dot products) start as NaN
+            y, rstd = launch.forward(x, gate, weight, eps=1e-6, traceable=traceable, **options)
+            grads = launch.backward(dy, x, gate, weight, rstd, traceable=traceable, **options)
+        results.append((y, rstd, *grads))
+    for name, eager, traced in zip(("y", "rstd", "dx", "dgate", "dweight"), *results):
+        assert torch.equal(eager, traced), f"{name}: traced launch differs from eager"
 
 
 def test_cpu_tensors_run_the_triton_kernels(monkeypatch):
