@@ -228,6 +228,7 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
 
     if "fwd" in passes:
         saved_target = config_module.FORWARD_TARGET_PROGRAMS
+        saved_wide_target = config_module.FORWARD_WIDE_ROW_TARGET_PROGRAMS
         for config in forward_candidates(shape, stages, forward_stages):
             if config.long_row:
                 kernel = forward_kernels.forward_long_row_kernel
@@ -240,6 +241,7 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                 launch.forward_config = lambda group_size, c=config: c
                 if target is not None:
                     config_module.FORWARD_TARGET_PROGRAMS = target
+                    config_module.FORWARD_WIDE_ROW_TARGET_PROGRAMS = target
                 launch._PLANS.clear()
                 try:
                     ms = time_call(lambda x, gate, weight, dy: launch.forward(
@@ -251,6 +253,7 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
             forget_compiled(kernel)
         launch.forward_config = config_module.forward_config
         config_module.FORWARD_TARGET_PROGRAMS = saved_target
+        config_module.FORWARD_WIDE_ROW_TARGET_PROGRAMS = saved_wide_target
 
     if "bwd" in passes:
         saved_target = config_module.BACKWARD_TARGET_PROGRAMS
@@ -303,7 +306,8 @@ def main() -> None:
     parser.add_argument("--forward-stages", default="1",
                         help="forward tile prefetch depths (1: one-tile kernel; more: row loop)")
     parser.add_argument("--forward-targets", default="1584",
-                        help="program counts (FORWARD_TARGET_PROGRAMS) for the forward row loop")
+                        help="program counts for the forward row loop "
+                             "(FORWARD_TARGET_PROGRAMS and FORWARD_WIDE_ROW_TARGET_PROGRAMS alike)")
     parser.add_argument("--forward-tiles", default="",
                         help='replace candidates per tile width, e.g. "128=16x4,8x2;1024=1x2"')
     parser.add_argument("--backward-tiles", default="",

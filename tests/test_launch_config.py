@@ -72,3 +72,15 @@ def test_whole_wide_row_tiles_take_fewer_longer_backward_chunks(group_size, expe
     assert config.backward_target_programs(tile) == expected
     rows_per_chunk, num_chunks = config.backward_chunking(6144, 1, tile.block_rows, expected)
     assert num_chunks <= expected and num_chunks * rows_per_chunk >= 6144
+
+
+@pytest.mark.parametrize("group_size, target", [
+    (8192, config.FORWARD_WIDE_ROW_TARGET_PROGRAMS), (96, config.FORWARD_TARGET_PROGRAMS),
+    (640, config.FORWARD_TARGET_PROGRAMS)])
+def test_forward_row_loops_take_their_program_target(group_size, target):
+    tile = config.forward_config(group_size)
+    assert tile.loop_stages > 1 and not tile.long_row  # a row-loop entry of the table
+    assert config.forward_target_programs(tile) == target
+    # About that many programs: chunks are whole tiles, so the count rounds down a little.
+    _, num_chunks = config.forward_chunking(1 << 20, 1, tile.block_rows, target)
+    assert 0.9 * target < num_chunks <= target

@@ -58,6 +58,12 @@ SHARED_MEMORY_RESERVE = 16384
 # of rows (forward_row_loop_kernel), about this many (chunk, group) programs in all (measured
 # best of 1056-4224). The forward reduces nothing across programs, so this may be tuned freely.
 FORWARD_TARGET_PROGRAMS = 4224
+# The 8192-wide row loop (one row, 8 warps a program) runs fastest with half as many:
+# 100.5-100.6 against 102.6-102.8 us at D = 8192, while the partial tiles that also loop (D =
+# 96, 192, Mamba2's 640) were 2-3 % slower at 2112 (two interleaved repeats each, cold:
+# h200-2026-12-03-launch-sweep-v7-fwd-targets.json).
+FORWARD_WIDE_ROW_TARGET_PROGRAMS = 2112
+FORWARD_WIDE_ROW_MIN_N = 8192
 # Decode-size forwards: when the table's tile would start fewer programs than this (one per
 # SM of an H100/H200), a one-warp tile of FEW_ROWS_TILE_ELEMENTS elements starts more, smaller
 # programs and finishes sooner: 32 rows of 128 take 1.43 us instead of 1.82 us per forward in a
@@ -185,9 +191,21 @@ def fit_shared_memory(config: LaunchConfig, loaded_bytes_per_element: int,
     return config
 
 
-def forward_chunking(rows: int, num_groups: int, block_rows: int) -> tuple[int, int]:
-    """(rows_per_chunk, num_chunks) of the forward's row loop: a multiple of block_rows."""
-    chunks_wanted = max(1, FORWARD_TARGET_PROGRAMS // num_groups)
+def forward_target_programs(config: LaunchConfig) -> int:
+    """About how many (chunk, group) programs the forward row loop of ``config`` starts."""
+    if config.block_n >= FORWARD_WIDE_ROW_MIN_N:
+        return FORWARD_WIDE_ROW_TARGET_PROGRAMS
+    return FORWARD_TARGET_PROGRAMS
+
+
+def forward_chunking(rows: int, num_groups: int, block_rows: int,
+                     target_programs: int | None = None) -> tuple[int, int]:
+    """(rows_per_chunk, num_chunks) of the forward's row loop: a multiple of block_rows, for
+    about ``target_programs`` programs (forward_target_programs of the tile; by default
+    FORWARD_TARGET_PROGRAMS). Tiles start at the same rows whatever the chunking, so the
+    bits do not depend on it."""
+    target_programs = target_programs or FORWARD_TARGET_PROGRAMS
+    chunks_wanted = max(1, target_programs // num_groups)
     rows_per_chunk = torch.sym_max(triton.cdiv(rows, chunks_wanted), block_rows)
     rows_per_chunk = triton.cdiv(rows_per_chunk, block_rows) * block_rows
     return rows_per_chunk, triton.cdiv(rows, rows_per_chunk)

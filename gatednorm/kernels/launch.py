@@ -33,6 +33,7 @@ from gatednorm.kernels.config import (
     fit_shared_memory,
     forward_chunking,
     forward_config,
+    forward_target_programs,
     forward_tile_store,
     shares_row_offsets,
 )
@@ -174,7 +175,8 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
         elif config.loop_stages > 1:
             kernel = forward_row_loop_kernel
             rows_per_chunk, num_chunks = forward_chunking(layout.rows, num_groups,
-                                                          config.block_rows)
+                                                          config.block_rows,
+                                                          forward_target_programs(config))
             grid = (num_chunks * num_groups,)
             layout_args += (rows_per_chunk,)
         else:
