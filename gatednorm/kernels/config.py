@@ -15,9 +15,10 @@ import triton
 # Measured best (block_rows, num_warps, loop_stages) per power-of-two tile width, bf16, on an
 # H200 (docs/perf-notes.md, benchmarks/results/h200-2026-12-02-launch-sweep-v*.json).
 # Forward groups up to 16384 elements stay in registers; the backward keeps about three times
-# as many live values and cuts groups wider than 8192 into column blocks (two launches). The backward's loop over its chunk's rows is
-# software-pipelined (loop_stages tiles of loads in flight per program): without it a program
-# waits on every tile's loads, and the backward stayed under 75 % of copy bandwidth.
+# as many live values and cuts groups wider than 8192 into column blocks (two launches). The
+# backward's loop over its chunk's rows is software-pipelined (loop_stages tiles of loads in
+# flight per program): without it a program waits on every tile's loads, and the backward
+# stayed under 75 % of copy bandwidth.
 # A forward entry with loop_stages > 1 runs forward_row_loop_kernel: resident programs that
 # walk their chunk of rows tile by tile with that many tiles of x and gate in flight (the
 # one-tile kernel has nothing to overlap a tile's loads with). The forward 1024 tile takes one

@@ -338,8 +338,9 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
     # num_chunks == 1.
     scratch = torch.empty(((num_chunks + blocks) * d,) if weight is not None else (0,),
                           dtype=torch.float32, device=x.device)
-    # Unused without a split; any fp32 tensor stands in for the pointer.
-    row_dots = (torch.empty((plan.layout_args[0] * plan.column_blocks,),
+    # One fp32 per row and column block; unused without a split, where any fp32 tensor
+    # stands in for the pointer.
+    row_dots = (torch.empty((x.numel() // d * plan.column_blocks,),
                             dtype=torch.float32, device=x.device)
                 if plan.row_dots_meta is not None else rstd)
     tensors = (x, gate, x if weight is None else weight, dy, rstd, dx, dgate, scratch,
