@@ -120,7 +120,8 @@ def main() -> None:
             dict(flags, BLOCK_ROWS=args.block_rows or 4, BLOCK_N=args.block_n,
                  LOOP_STAGES=args.stages, GATE_ROWS_AS_X=gate_as_x, DY_ROWS_AS_X=as_x,
                  DX_ROWS_AS_X=as_x, DGATE_ROWS_AS_X=as_x, SPLIT_PASS=args.split_pass,
-                 DOT_BLOCKS=4 if args.split_pass else 1), args.warps or 1)
+                 DOT_BLOCKS=4 if args.split_pass else 1, LAUNCH_DEPENDENTS=False,
+                 WAIT_FOR_PRIOR_GRID=False), args.warps or 1)
     else:
         pointers = {name: "*bf16" for name in ("X", "GATE", "W", "Y")}
         pointers.update(RSTD="*fp32")

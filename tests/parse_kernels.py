@@ -23,6 +23,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 
 from gatednorm.kernels import backward, forward  # noqa: E402
 
+NO_PDL = dict(LAUNCH_DEPENDENTS=False, WAIT_FOR_PRIOR_GRID=False)
 KERNELS = {
     "forward_tile": (forward.forward_tile_kernel, dict(BLOCK_ROWS=16, BLOCK_N=128,
                                                        STORE_RSTD=True)),
@@ -34,13 +35,23 @@ KERNELS = {
                                                                LOOP_STAGES=2)),
     "backward_tile": (backward.backward_tile_kernel, dict(BLOCK_ROWS=4, BLOCK_N=128,
                                                           LOOP_STAGES=3, SPLIT_PASS=0,
-                                                          DOT_BLOCKS=1)),
+                                                          DOT_BLOCKS=1, **NO_PDL)),
+    # Eager launches on sm_90+: programmatic dependent launch between the backward's launches.
+    "backward_tile_pdl": (backward.backward_tile_kernel, dict(
+        BLOCK_ROWS=4, BLOCK_N=128, LOOP_STAGES=3, SPLIT_PASS=0, DOT_BLOCKS=1,
+        LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=False)),
     # A group cut into column blocks: the row dot products, then dx and dgate.
     "backward_split_row_dots": (backward.backward_tile_kernel, dict(
-        BLOCK_ROWS=1, BLOCK_N=2048, LOOP_STAGES=3, SPLIT_PASS=1, DOT_BLOCKS=16)),
+        BLOCK_ROWS=1, BLOCK_N=2048, LOOP_STAGES=3, SPLIT_PASS=1, DOT_BLOCKS=16, **NO_PDL)),
     "backward_split_input_grads": (backward.backward_tile_kernel, dict(
-        BLOCK_ROWS=1, BLOCK_N=2048, LOOP_STAGES=3, SPLIT_PASS=2, DOT_BLOCKS=16)),
-    "dweight_reduce": (backward.dweight_reduce_kernel, dict(BLOCK_CHUNKS=128, BLOCK_COLS=32)),
+        BLOCK_ROWS=1, BLOCK_N=2048, LOOP_STAGES=3, SPLIT_PASS=2, DOT_BLOCKS=16, **NO_PDL)),
+    "backward_split_input_grads_pdl": (backward.backward_tile_kernel, dict(
+        BLOCK_ROWS=1, BLOCK_N=2048, LOOP_STAGES=3, SPLIT_PASS=2, DOT_BLOCKS=16,
+        LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=True)),
+    "dweight_reduce": (backward.dweight_reduce_kernel, dict(BLOCK_CHUNKS=128, BLOCK_COLS=32,
+                                                            **NO_PDL)),
+    "dweight_reduce_pdl": (backward.dweight_reduce_kernel, dict(
+        BLOCK_CHUNKS=128, BLOCK_COLS=32, LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=True)),
 }
 POINTERS = {name: "*bf16" for name in ("X", "GATE", "W", "Y", "DY", "DX", "DGATE")}
 POINTERS.update(RSTD="*fp32", DW_PARTIAL="*fp32", ROW_DOTS="*fp32", PARTIAL="*fp32",
@@ -84,10 +95,12 @@ ROW_FLAGS = {
 # One-row tiles of a cut group never share row offsets (config.shares_row_offsets).
 ROW_FLAGS["backward_split_row_dots"] = ROW_FLAGS["backward_split_input_grads"] = [
     ROW_FLAGS["backward_tile"][0]]
+ROW_FLAGS["backward_tile_pdl"] = ROW_FLAGS["backward_tile"]
+ROW_FLAGS["backward_split_input_grads_pdl"] = ROW_FLAGS["backward_split_input_grads"]
 
 
 def variants(kernel_name: str):
-    if kernel_name == "dweight_reduce":
+    if kernel_name.startswith("dweight_reduce"):
         yield {}
         return
     for leading_dims, norm_before_gate, rounding, has_weight, row_flags in itertools.product(

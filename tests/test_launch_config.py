@@ -63,11 +63,18 @@ def test_groups_filling_part_of_their_tile_take_the_partial_tile_entry(group_siz
 
 @pytest.mark.parametrize("group_size, expected", [
     (128, config.BACKWARD_TARGET_PROGRAMS), (2048, config.BACKWARD_TARGET_PROGRAMS),
+    (1024, config.BACKWARD_TILE_TARGET_PROGRAMS[1024]),
+    (640, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[1024]),
+    (96, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[128]),
+    (192, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[256]),
+    (256, config.BACKWARD_TARGET_PROGRAMS),
     (4096, config.BACKWARD_WIDE_ROW_TARGET_PROGRAMS),
     (5000, config.BACKWARD_WIDE_ROW_TARGET_PROGRAMS),
     (8192, config.BACKWARD_WIDE_ROW_TARGET_PROGRAMS), (20000, config.BACKWARD_TARGET_PROGRAMS),
-], ids=["d128", "d2048", "d4096", "d5000-partial", "d8192", "long-row"])
-def test_whole_wide_row_tiles_take_fewer_longer_backward_chunks(group_size, expected):
+], ids=["d128", "d2048", "d1024-own-target", "d640-partial-own-target",
+        "d96-partial-own-target", "d192-partial-own-target", "d256", "d4096",
+        "d5000-partial", "d8192", "long-row"])
+def test_backward_tiles_take_their_program_target(group_size, expected):
     tile = config.backward_config(group_size)
     assert config.backward_target_programs(tile) == expected
     rows_per_chunk, num_chunks = config.backward_chunking(6144, 1, tile.block_rows, expected)

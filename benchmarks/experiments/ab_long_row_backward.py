@@ -17,15 +17,13 @@ with it (the dot product is summed in another order) and with fp64.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
-import json
 import os
-import platform
 
 import torch
 import triton
 
+from ab_common import cold_input_sets, new_result, save
 from gatednorm.bench import timing
 from gatednorm.bench.cases import sweep_case
 from gatednorm.kernels import config, launch
@@ -102,22 +100,14 @@ def main() -> None:
     args = parser.parse_args()
     before = _module_of(args.before)
     tiles = _parse_tiles(args.tiles)
-    device = torch.device("cuda")
-    copy_gbps = timing.copy_bandwidth_gbps(device, 1 << 30, timing.FULL)
-    records = []
-    result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-                  triton=triton.__version__, python=platform.python_version(),
-                  date=datetime.date.today().isoformat(), copy_gbps=copy_gbps,
-                  command="python benchmarks/experiments/ab_long_row_backward.py "
-                          f"--before {args.before} --cases {args.cases} --tiles {args.tiles}",
-                  records=records)
-    print(f"copy {copy_gbps:.0f} GB/s", flush=True)
+    device, result = new_result(
+        "python benchmarks/experiments/ab_long_row_backward.py "
+        f"--before {args.before} --cases {args.cases} --tiles {args.tiles}")
+    records, copy_gbps = result["records"], result["copy_gbps"]
 
     for name in args.cases.split(","):
         case = CASES[name]
-        sets = max(2, -(-4 * 60 * 2**20 // case.bytes_allocated()))
-        data = [tuple(t.detach() for t in (i.x, i.gate, i.weight, i.dy))
-                for i in (case.make_inputs(device, seed) for seed in range(sets))]
+        data = cold_input_sets(case, device)
         options = dict(zero_centered_gamma=False, activation=case.activation,
                        norm_before_gate=case.norm_before_gate, group_size=case.group,
                        rounding="te")
@@ -161,9 +151,7 @@ def main() -> None:
                       f"dw {record['dweight_rel_err_vs_fp64']:.1e}", flush=True)
         launch.backward_config = config.backward_config
         del data, rstds
-        torch.cuda.empty_cache()
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        save(result, args.out)
 
 
 if __name__ == "__main__":

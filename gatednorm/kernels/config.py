@@ -81,6 +81,28 @@ BACKWARD_TARGET_PROGRAMS = 1056
 # measured best or equal at 1056 (Mamba2, D = 2048) or inconsistently (D = 1024).
 BACKWARD_WIDE_ROW_TARGET_PROGRAMS = 264
 BACKWARD_WIDE_ROW_MIN_N = 4096
+# Tiles measured fastest at another program count (cold sweeps, two rounds, programmatic
+# launch on; h200-2026-12-03-launch-sweep-v8-bwd-targets*.json). The whole 1024 tile (one
+# row, 2 warps): D = 1024 134.9 us at 528 against 149.6 at 1056 (155 at 396), Nemotron-H's
+# gate-first groups 175.3 against 202.2 (187 at 792, 200 at 396, 228 at 264). The partial
+# 1024 tile (two rows, 4 warps, at most 3 programs an SM): Mamba2 128.4 at 396 against 132.6
+# at 1056 (157 at 528, 142 at 264). The partial 128 and 256 tiles (four rows, one warp):
+# D = 96 140.8 us at 1584 against 156.5 at 1056 (144 at 2112), D = 192 148.9 against 171.8
+# (174 at 2112). D = 2048 (179.4 at 1056 and 396, 191.5 at 528), D = 64, 128 and 256 (1056
+# best of 528-2112) keep the default.
+BACKWARD_TILE_TARGET_PROGRAMS = {1024: 528}
+BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS = {128: 1584, 256: 1584, 1024: 396}
+# Programmatic dependent launch (sm_90+, eager launches) between the backward's launches (the
+# main kernel or the two launches of a cut group, then the two dweight reduction levels):
+# each launch after the first is started as soon as its predecessor's programs exit and
+# waits for its writes (WAIT_FOR_PRIOR_GRID) before reading them, which hides the launch gaps:
+# about 3 us off every backward with a weight (GDN 8192 x 32 95.2 -> 92.3 us, 4096 x 32 53.2
+# -> 50.0, D = 16384 227.0 -> 221.3; h200-2026-12-03-ab-16-backward-variants.json, two
+# rounds, same bits). BACKWARD_EARLY_DEPENDENTS lets each launch start its successor from its
+# own first instruction (LAUNCH_DEPENDENTS) instead: equal on the GDN shapes, 2-5 us slower
+# at D = 8192 and on long rows, so off.
+BACKWARD_PROGRAMMATIC_LAUNCH = True
+BACKWARD_EARLY_DEPENDENTS = False
 # Each chunk writes and re-reads a D-wide fp32 partial row: at 16 or more rows per chunk that
 # traffic stays under 3 % of the backward's own bytes.
 MIN_ROWS_PER_CHUNK = 16
@@ -138,10 +160,14 @@ class LaunchConfig:
     # Software-pipelining depth of the kernel's loop (rows in the backward tile kernel and
     # the forward row loop, column chunks in the forward long-row kernel); 1 = no prefetch.
     loop_stages: int = 1
+    # Backward tiles with a measured program count of their own (backward_target_programs);
+    # None: the default rules.
+    target_programs: int | None = None
 
 
 def _tile_config(group_size: int, tiles: dict, partial_tiles: dict,
-                 long_row: tuple[int, int, int]) -> LaunchConfig:
+                 long_row: tuple[int, int, int], targets: dict | None = None,
+                 partial_targets: dict | None = None) -> LaunchConfig:
     block_n = triton.next_power_of_2(group_size)
     if block_n > max(tiles):
         return LaunchConfig(1, long_row[0], long_row[1], True, long_row[2])
@@ -149,11 +175,13 @@ def _tile_config(group_size: int, tiles: dict, partial_tiles: dict,
         # Narrow groups: as many rows as the narrowest measured tile holds elements.
         rows, warps, stages = tiles[min(tiles)]
         return LaunchConfig(rows * min(tiles) // block_n, block_n, warps, False, stages)
-    if group_size != block_n and block_n in partial_tiles:
+    partial = group_size != block_n
+    if partial and block_n in partial_tiles:
         rows, warps, stages = partial_tiles[block_n]
     else:
         rows, warps, stages = tiles[block_n]
-    return LaunchConfig(rows, block_n, warps, False, stages)
+    target = ((partial_targets if partial else targets) or {}).get(block_n)
+    return LaunchConfig(rows, block_n, warps, False, stages, target)
 
 
 def forward_config(group_size: int) -> LaunchConfig:
@@ -175,7 +203,8 @@ def few_rows_forward_config(config: LaunchConfig, rows: int, num_groups: int) ->
 
 def backward_config(group_size: int) -> LaunchConfig:
     """Backward tile for one group size."""
-    return _tile_config(group_size, BACKWARD_TILES, BACKWARD_PARTIAL_TILES, BACKWARD_LONG_ROW)
+    return _tile_config(group_size, BACKWARD_TILES, BACKWARD_PARTIAL_TILES, BACKWARD_LONG_ROW,
+                        BACKWARD_TILE_TARGET_PROGRAMS, BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS)
 
 
 def fit_shared_memory(config: LaunchConfig, loaded_bytes_per_element: int,
@@ -214,6 +243,8 @@ def forward_chunking(rows: int, num_groups: int, block_rows: int,
 
 def backward_target_programs(config: LaunchConfig) -> int:
     """About how many (chunk, group) programs the backward of ``config`` starts."""
+    if config.target_programs is not None:
+        return config.target_programs
     if not config.long_row and config.block_n >= BACKWARD_WIDE_ROW_MIN_N:
         return BACKWARD_WIDE_ROW_TARGET_PROGRAMS
     return BACKWARD_TARGET_PROGRAMS

@@ -22,8 +22,11 @@ from gatednorm.kernels.backward import (
     backward_tile_kernel,
     dweight_reduce_kernel,
 )
+from gatednorm.kernels import config as _config
 from gatednorm.kernels.config import (
+    BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS,
     BACKWARD_TARGET_PROGRAMS,
+    BACKWARD_TILE_TARGET_PROGRAMS,
     BACKWARD_WIDE_ROW_TARGET_PROGRAMS,
     DEFAULT_SHARED_MEMORY_BYTES,
     backward_chunking,
@@ -50,8 +53,9 @@ ROUNDING_FLAG = {"te": 0, "fp32": 1, "hf": 2}
 DWEIGHT_BLOCK_CHUNKS = 128
 DWEIGHT_BLOCK_COLS = 32
 # Two reduction levels cover every chunk count the backward can produce.
-assert (max(BACKWARD_TARGET_PROGRAMS, BACKWARD_WIDE_ROW_TARGET_PROGRAMS)
-        <= DWEIGHT_BLOCK_CHUNKS ** 2)
+assert (max(BACKWARD_TARGET_PROGRAMS, BACKWARD_WIDE_ROW_TARGET_PROGRAMS,
+            *BACKWARD_TILE_TARGET_PROGRAMS.values(),
+            *BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS.values()) <= DWEIGHT_BLOCK_CHUNKS ** 2)
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,14 @@ def shared_memory_bytes(device: torch.device) -> int:
     properties = torch.cuda.get_device_properties(device)
     return int(getattr(properties, "shared_memory_per_block_optin", 0)
                or DEFAULT_SHARED_MEMORY_BYTES)
+
+
+@functools.cache
+def _programmatic_launch_supported(device: torch.device) -> bool:
+    """Whether launches on ``device`` can overlap the previous launch in their stream
+    (programmatic dependent launch: CUDA sm_90 and newer; not the interpreter or ROCm)."""
+    return (device.type == "cuda" and not torch.version.hip
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def _row_layout_of(inputs: list[torch.Tensor], outputs: list[torch.Tensor], group_size: int):
@@ -298,15 +310,27 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
                      norm_before_gate, rounding)
         share = shares_row_offsets(config, layout.leading_dims, group_size)
         _, gate_as_x, dy_as_x, dx_as_x, dgate_as_x = layout.rows_as_first
+        cached = not traceable
+        # Programmatic dependent launch: each launch after the first carries the attribute and
+        # waits for its predecessor's writes; it starts as the predecessor's programs exit, or
+        # from the predecessor's first instruction with BACKWARD_EARLY_DEPENDENTS. Traced
+        # launches keep plain stream order (Inductor launches them itself).
+        pdl = (cached and _config.BACKWARD_PROGRAMMATIC_LAUNCH
+               and _programmatic_launch_supported(x.device))
+        early = pdl and _config.BACKWARD_EARLY_DEPENDENTS
         meta.update(GATE_ROWS_AS_X=share and gate_as_x, DY_ROWS_AS_X=share and dy_as_x,
                     DX_ROWS_AS_X=share and dx_as_x, DGATE_ROWS_AS_X=share and dgate_as_x,
-                    SPLIT_PASS=WHOLE_GROUPS.value, DOT_BLOCKS=1)
+                    SPLIT_PASS=WHOLE_GROUPS.value, DOT_BLOCKS=1,
+                    LAUNCH_DEPENDENTS=early and weight is not None, WAIT_FOR_PRIOR_GRID=False)
         row_dots_meta = None
         if config.long_row:
             dot_blocks = triton.next_power_of_2(column_blocks // num_groups)
-            meta.update(SPLIT_PASS=INPUT_GRADS_PASS.value, DOT_BLOCKS=dot_blocks)
-            row_dots_meta = dict(meta, SPLIT_PASS=ROW_DOTS_PASS.value)
-        cached = not traceable
+            row_dots_meta = dict(meta, SPLIT_PASS=ROW_DOTS_PASS.value, DOT_BLOCKS=dot_blocks,
+                                 LAUNCH_DEPENDENTS=early)
+            meta.update(SPLIT_PASS=INPUT_GRADS_PASS.value, DOT_BLOCKS=dot_blocks,
+                        WAIT_FOR_PRIOR_GRID=pdl)
+            if pdl:
+                meta["launch_pdl"] = True
         return _Plan(
             kernel=backward_tile_kernel,
             grid=(num_chunks * column_blocks,),
@@ -315,8 +339,8 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
             meta=meta,
             layout_copies=copies,
             cached_launch=CachedLaunch(backward_tile_kernel, meta) if cached else None,
-            reduce_launches=(CachedLaunch(dweight_reduce_kernel, _REDUCE_META),
-                             CachedLaunch(dweight_reduce_kernel, _REDUCE_META))
+            reduce_launches=(CachedLaunch(dweight_reduce_kernel, _reduce_meta(pdl, early)),
+                             CachedLaunch(dweight_reduce_kernel, _reduce_meta(pdl, False)))
             if cached else None,
             row_dots_meta=row_dots_meta,
             row_dots_launch=(CachedLaunch(backward_tile_kernel, row_dots_meta)
@@ -360,7 +384,16 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
 
 
 _REDUCE_META = dict(BLOCK_CHUNKS=DWEIGHT_BLOCK_CHUNKS, BLOCK_COLS=DWEIGHT_BLOCK_COLS,
-                    num_warps=4)
+                    LAUNCH_DEPENDENTS=False, WAIT_FOR_PRIOR_GRID=False, num_warps=4)
+
+
+def _reduce_meta(pdl: bool, launch_dependents: bool) -> dict:
+    """Meta of an eager reduction launch: with ``pdl`` it may start while the launch before
+    it runs and waits for that launch's writes."""
+    if not pdl:
+        return _REDUCE_META
+    return dict(_REDUCE_META, LAUNCH_DEPENDENTS=launch_dependents, WAIT_FOR_PRIOR_GRID=True,
+                launch_pdl=True)
 
 
 def _reduce_partials(scratch: torch.Tensor, dweight: torch.Tensor, num_chunks: int,

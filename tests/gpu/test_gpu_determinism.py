@@ -2,8 +2,10 @@
 dgate and dweight (dweight: fp32 partials per fixed row chunk, reduced in a fixed order)."""
 
 import pytest
+import torch
 
 import gatednorm
+from gatednorm.kernels import config, launch
 
 from .helpers import (
     BF16,
@@ -49,3 +51,47 @@ def test_ten_runs_give_the_same_bits(case):
         again = forward_backward(gatednorm.rms_norm_gated, inputs, kwargs)
         changed = [name for name in first if not same_bits(first[name], again[name])]
         assert not changed, f"run {run} changed the bits of {changed}"
+
+
+# Programmatic dependent launch (sm_90+, eager launches): the dweight reduction levels and
+# the second launch of a cut group start while their predecessor runs and must wait for its
+# writes. A missing wait would read partials or row dot products not yet written.
+CHAINED_CASES = (
+    Case("gdn-contiguous-gate", (4096, 32, 128), Options("te")),
+    Case("full-width-gate-first-groups", (1024, 5120),
+         Options("hf", norm_before_gate=False, weight="fp32"), BF16, 640, "projection"),
+    Case("long-row-20000", (256, 20000), Options("te", weight="fp32")),
+    Case("long-row-20000-no-weight", (256, 20000), Options("te", weight="none")),
+)
+
+
+def _poison_both_pools(nbytes: int) -> None:
+    # Large outputs come from the allocator's large pool, the dweight partials (under 1 MB)
+    # from its small pool: fill both with NaN before each run.
+    poison_allocator(nbytes)
+    blocks = [torch.empty(1 << 20, dtype=torch.uint8, device="cuda").fill_(0xFF)
+              for _ in range(4)]
+    del blocks
+
+
+@pytest.mark.parametrize("case", CHAINED_CASES, ids=lambda c: c.name)
+def test_programmatic_launch_gives_the_stream_order_bits(case, monkeypatch):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90 or newer: not used here")
+    inputs = make_inputs(case.shape, case.dtypes, case.options, layout=case.layout)
+    kwargs = case.options.kwargs(case.group_size)
+    monkeypatch.setattr(launch, "_PLANS", {})
+    monkeypatch.setattr(config, "BACKWARD_PROGRAMMATIC_LAUNCH", False)
+    want = forward_backward(gatednorm.rms_norm_gated, inputs, kwargs)
+    launch._PLANS.clear()
+    monkeypatch.setattr(config, "BACKWARD_PROGRAMMATIC_LAUNCH", True)
+    chained = forward_backward(gatednorm.rms_norm_gated, inputs, kwargs)
+    backward_plan = next(plan for key, plan in launch._PLANS.items() if key[0] == "bwd")
+    assert backward_plan.reduce_launches is None or backward_plan.reduce_launches[0].meta[
+        "WAIT_FOR_PRIOR_GRID"], "the plan does not chain its launches"
+    for run in range(RUNS):
+        if run:
+            _poison_both_pools(4 * inputs.x.numel() * inputs.x.element_size())
+            chained = forward_backward(gatednorm.rms_norm_gated, inputs, kwargs)
+        changed = [name for name in want if not same_bits(chained[name], want[name])]
+        assert not changed, f"run {run}: {changed} differ from plain stream order"
