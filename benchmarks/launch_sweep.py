@@ -257,7 +257,6 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
 
     if "bwd" in passes:
         saved_target = config_module.BACKWARD_TARGET_PROGRAMS
-        saved_wide_target = config_module.BACKWARD_WIDE_ROW_TARGET_PROGRAMS
         saved_min_rows = config_module.MIN_ROWS_PER_CHUNK
         launch._PLANS.clear()
         rstds = {}
@@ -274,7 +273,6 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
             for target, min_rows in itertools.product(targets, min_rows_per_chunk):
                 launch.backward_config = lambda group_size, c=config: c
                 config_module.BACKWARD_TARGET_PROGRAMS = target
-                config_module.BACKWARD_WIDE_ROW_TARGET_PROGRAMS = target
                 config_module.MIN_ROWS_PER_CHUNK = min_rows or saved_min_rows
                 launch._PLANS.clear()
                 try:
@@ -290,7 +288,6 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
             forget_compiled(kernel)
         launch.backward_config = config_module.backward_config
         config_module.BACKWARD_TARGET_PROGRAMS = saved_target
-        config_module.BACKWARD_WIDE_ROW_TARGET_PROGRAMS = saved_wide_target
         config_module.MIN_ROWS_PER_CHUNK = saved_min_rows
     return records
 
@@ -301,8 +298,8 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--stages", default="1,2,3", help="loop pipelining depths to try")
     parser.add_argument("--targets", default="1056,4224",
-                        help="backward program counts to try (BACKWARD_TARGET_PROGRAMS and "
-                             "BACKWARD_WIDE_ROW_TARGET_PROGRAMS alike)")
+                        help="backward program counts to try (BACKWARD_TARGET_PROGRAMS; the "
+                             "swept tiles carry no per-tile count)")
     parser.add_argument("--forward-stages", default="1",
                         help="forward tile prefetch depths (1: one-tile kernel; more: row loop)")
     parser.add_argument("--forward-targets", default="1584",

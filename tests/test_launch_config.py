@@ -68,9 +68,9 @@ def test_groups_filling_part_of_their_tile_take_the_partial_tile_entry(group_siz
     (96, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[128]),
     (192, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[256]),
     (256, config.BACKWARD_TARGET_PROGRAMS),
-    (4096, config.BACKWARD_WIDE_ROW_TARGET_PROGRAMS),
-    (5000, config.BACKWARD_WIDE_ROW_TARGET_PROGRAMS),
-    (8192, config.BACKWARD_WIDE_ROW_TARGET_PROGRAMS), (20000, config.BACKWARD_TARGET_PROGRAMS),
+    (4096, config.BACKWARD_TILE_TARGET_PROGRAMS[4096]),
+    (5000, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[8192]),
+    (8192, config.BACKWARD_TILE_TARGET_PROGRAMS[8192]), (20000, config.BACKWARD_TARGET_PROGRAMS),
 ], ids=["d128", "d2048", "d1024-own-target", "d640-partial-own-target",
         "d96-partial-own-target", "d192-partial-own-target", "d256", "d4096",
         "d5000-partial", "d8192", "long-row"])

@@ -302,7 +302,8 @@ def test_any_row_partition_gives_the_same_dx_and_dgate(monkeypatch, target_progr
     block_rows = tile.block_rows
     column_blocks = triton.cdiv(shape[-1], tile.block_n)  # 1 unless the row is split
     monkeypatch.setattr(config, "BACKWARD_TARGET_PROGRAMS", target_programs)
-    monkeypatch.setattr(config, "BACKWARD_WIDE_ROW_TARGET_PROGRAMS", target_programs)
+    monkeypatch.setattr(config, "BACKWARD_TILE_TARGET_PROGRAMS", {})
+    monkeypatch.setattr(config, "BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS", {})
     # Launch plans are cached per shape: start from an empty cache so the patch is used.
     monkeypatch.setattr(launch, "_PLANS", {})
     rows_per_chunk, num_chunks = config.backward_chunking(shape[0], column_blocks, block_rows)

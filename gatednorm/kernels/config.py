@@ -75,23 +75,20 @@ FEW_ROWS_TILE_ELEMENTS = 256
 # The backward splits rows into about this many (chunk, group) programs. A constant, not the
 # SM count: the partition, and so dweight's rounding, must not depend on the GPU.
 BACKWARD_TARGET_PROGRAMS = 1056
-# Tiles of one whole wide row (4096 and 8192 elements, 8 and 16 warps a program) take fewer,
-# longer chunks: 264 programs measured 3-4 % faster than 1056 at D = 4096 and 8192 (fewer
-# D-wide dweight partials to write and re-read; launch-sweep-v6-bwd-targets), while D <= 2048
-# measured best or equal at 1056 (Mamba2, D = 2048) or inconsistently (D = 1024).
-BACKWARD_WIDE_ROW_TARGET_PROGRAMS = 264
-BACKWARD_WIDE_ROW_MIN_N = 4096
-# Tiles measured fastest at another program count (cold sweeps, two rounds, programmatic
-# launch on; h200-2026-12-03-launch-sweep-v8-bwd-targets*.json). The whole 1024 tile (one
-# row, 2 warps): D = 1024 134.9 us at 528 against 149.6 at 1056 (155 at 396), Nemotron-H's
-# gate-first groups 175.3 against 202.2 (187 at 792, 200 at 396, 228 at 264). The partial
-# 1024 tile (two rows, 4 warps, at most 3 programs an SM): Mamba2 128.4 at 396 against 132.6
-# at 1056 (157 at 528, 142 at 264). The partial 128 and 256 tiles (four rows, one warp):
-# D = 96 140.8 us at 1584 against 156.5 at 1056 (144 at 2112), D = 192 148.9 against 171.8
-# (174 at 2112). D = 2048 (179.4 at 1056 and 396, 191.5 at 528), D = 64, 128 and 256 (1056
-# best of 528-2112) keep the default.
-BACKWARD_TILE_TARGET_PROGRAMS = {1024: 528}
-BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS = {128: 1584, 256: 1584, 1024: 396}
+# Tiles measured fastest at another program count, whole (by width) and partial (groups
+# that fill part of their power-of-two tile). Tiles of one wide row (4096 and 8192 elements,
+# 8 and 16 warps a program) take 264: 3-4 % faster than 1056 at D = 4096 and 8192 (fewer
+# D-wide dweight partials to write and re-read; launch-sweep-v6-bwd-targets). The rest from
+# cold sweeps, two rounds, programmatic launch on (h200-2026-12-03-launch-sweep-v8-bwd-
+# targets*.json). The whole 1024 tile (one row, 2 warps): D = 1024 134.9 us at 528 against
+# 149.6 at 1056 (155 at 396), Nemotron-H's gate-first groups 175.3 against 202.2 (187 at 792,
+# 200 at 396, 228 at 264). The partial 1024 tile (two rows, 4 warps, at most 3 programs an
+# SM): Mamba2 128.4 at 396 against 132.6 at 1056 (157 at 528, 142 at 264). The partial 128
+# and 256 tiles (four rows, one warp): D = 96 140.8 us at 1584 against 156.5 at 1056 (144 at
+# 2112), D = 192 148.9 against 171.8 (174 at 2112). D = 2048 (179.4 at 1056 and 396, 191.5
+# at 528), D = 64, 128 and 256 (1056 best of 528-2112) keep the default.
+BACKWARD_TILE_TARGET_PROGRAMS = {1024: 528, 4096: 264, 8192: 264}
+BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS = {128: 1584, 256: 1584, 1024: 396, 4096: 264, 8192: 264}
 # Programmatic dependent launch (sm_90+, eager launches) between the backward's launches (the
 # main kernel or the two launches of a cut group, then the two dweight reduction levels):
 # each launch after the first is started as soon as its predecessor's programs exit and
@@ -161,7 +158,7 @@ class LaunchConfig:
     # the forward row loop, column chunks in the forward long-row kernel); 1 = no prefetch.
     loop_stages: int = 1
     # Backward tiles with a measured program count of their own (backward_target_programs);
-    # None: the default rules.
+    # None: BACKWARD_TARGET_PROGRAMS.
     target_programs: int | None = None
 
 
@@ -245,8 +242,6 @@ def backward_target_programs(config: LaunchConfig) -> int:
     """About how many (chunk, group) programs the backward of ``config`` starts."""
     if config.target_programs is not None:
         return config.target_programs
-    if not config.long_row and config.block_n >= BACKWARD_WIDE_ROW_MIN_N:
-        return BACKWARD_WIDE_ROW_TARGET_PROGRAMS
     return BACKWARD_TARGET_PROGRAMS
 
 

@@ -27,7 +27,6 @@ from gatednorm.kernels.config import (
     BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS,
     BACKWARD_TARGET_PROGRAMS,
     BACKWARD_TILE_TARGET_PROGRAMS,
-    BACKWARD_WIDE_ROW_TARGET_PROGRAMS,
     DEFAULT_SHARED_MEMORY_BYTES,
     backward_chunking,
     backward_config,
@@ -53,8 +52,7 @@ ROUNDING_FLAG = {"te": 0, "fp32": 1, "hf": 2}
 DWEIGHT_BLOCK_CHUNKS = 128
 DWEIGHT_BLOCK_COLS = 32
 # Two reduction levels cover every chunk count the backward can produce.
-assert (max(BACKWARD_TARGET_PROGRAMS, BACKWARD_WIDE_ROW_TARGET_PROGRAMS,
-            *BACKWARD_TILE_TARGET_PROGRAMS.values(),
+assert (max(BACKWARD_TARGET_PROGRAMS, *BACKWARD_TILE_TARGET_PROGRAMS.values(),
             *BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS.values()) <= DWEIGHT_BLOCK_CHUNKS ** 2)
 
 
