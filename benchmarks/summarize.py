@@ -25,13 +25,21 @@ def _ok(record):
 def training_table(result) -> list[str]:
     table = index_records(result["records"])
     cases = [c["case"] for c in result["cases"] if c["family"] != "decode"]
-    lines = ["| case | fwd | bwd | fwd+bwd | " + " | ".join(f"{p} fwd+bwd" for p in PEERS) + " |",
-             "| --- " * (4 + len(PEERS)) + "|"]
+    # Files since bench-v11 also time copies moving each pass's bytes (the size's ceiling).
+    copies = {(c["case"], c["pass"]): c for c in result.get("same_bytes_copy", [])}
+    copy_column = ["same-bytes copy fwd / bwd"] if copies else []
+    lines = ["| case | fwd | bwd | fwd+bwd | " + " | ".join(
+                copy_column + [f"{p} fwd+bwd" for p in PEERS]) + " |",
+             "| --- " * (4 + len(copy_column) + len(PEERS)) + "|"]
     for case in cases:
         ours = {p: table.get((case, p, None, "gatednorm")) for p in ("fwd", "bwd", "fwd+bwd")}
         if not all(_ok(r) for r in ours.values()):
             continue
         cells = [f"{r['median_ms']:.3f} ms, {r['frac_copy'] * 100:.0f} %" for r in ours.values()]
+        if copies:
+            fracs = [copies.get((case, p)) for p in ("fwd", "bwd")]
+            cells.append(" / ".join(f"{c['frac_copy'] * 100:.0f} %" if c else "-"
+                                    for c in fracs))
         for peer in PEERS:
             other = table.get((case, "fwd+bwd", None, peer))
             cells.append(f"{other['median_ms'] / ours['fwd+bwd']['median_ms']:.2f}x"

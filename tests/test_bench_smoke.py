@@ -95,6 +95,27 @@ def test_subject_and_cpu_peers_run_and_pass_the_check(smoke):
                 assert record["bwd_method"] == "retained-graph"
 
 
+def test_same_bytes_copy_is_timed_for_every_training_case_and_pass(smoke):
+    """The size-matched ceiling: per training case and pass, copies moving that pass's bytes
+    (one launch each for fwd and bwd, both for fwd+bwd), with a time and a fraction of the
+    large copy; none for decode cases."""
+    result, proc = smoke
+    entries = {(e["case"], e["pass"]): e for e in result["same_bytes_copy"]}
+    training = [c for c in cases.smoke_cases() if not c.is_decode]
+    assert len(entries) == len(result["same_bytes_copy"]) == len(training) * len(cases.PASSES)
+    for case in training:
+        for pass_ in cases.PASSES:
+            entry = entries[(case.name, pass_)]
+            halves = [case.bytes_moved(p) // 2 for p in (("fwd", "bwd") if pass_ == "fwd+bwd"
+                                                          else (pass_,))]
+            assert entry["bytes"] == 2 * sum(halves)
+            assert abs(entry["bytes"] - case.bytes_moved(pass_)) <= 2
+            assert entry["launches"] == len(halves)
+            assert entry["median_ms"] > 0 and entry["gbps"] > 0
+            assert entry["frac_copy"] == pytest.approx(entry["gbps"] / result["copy_gbps"])
+    assert "same-bytes copy" in proc.stdout
+
+
 def test_decode_and_first_call_records(smoke):
     result, _ = smoke
     decode = [r for r in result["records"] if r["provider"] == providers.SUBJECT

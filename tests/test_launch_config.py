@@ -53,9 +53,14 @@ def test_tiles_cover_the_group(group_size):
 @pytest.mark.parametrize("group_size", [640, 768, 1000])
 def test_groups_filling_part_of_their_tile_take_the_partial_tile_entry(group_size):
     block_n = triton.next_power_of_2(group_size)
-    for tuned, partial in ((config.forward_config(group_size), config.FORWARD_PARTIAL_TILES),
-                           (config.backward_config(group_size), config.BACKWARD_PARTIAL_TILES)):
-        rows, warps, stages = partial[block_n]
+    for tuned, partial, whole in (
+            (config.forward_config(group_size), config.FORWARD_PARTIAL_TILES,
+             config.FORWARD_TILES),
+            (config.backward_config(group_size), config.BACKWARD_PARTIAL_TILES,
+             config.BACKWARD_TILES)):
+        # A width without a partial entry takes the whole tile's (the backward's 1024 since
+        # variant 38); its program count may still be the partial one.
+        rows, warps, stages = partial.get(block_n, whole[block_n])
         assert (tuned.block_rows, tuned.num_warps, tuned.loop_stages) == (rows, warps, stages)
     # A full tile of the same width keeps the main table's entry.
     assert config.forward_config(block_n).block_rows == config.FORWARD_TILES[block_n][0]
@@ -67,12 +72,12 @@ def test_groups_filling_part_of_their_tile_take_the_partial_tile_entry(group_siz
     (640, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[1024]),
     (96, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[128]),
     (192, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[256]),
-    (256, config.BACKWARD_TARGET_PROGRAMS),
+    (256, config.BACKWARD_TARGET_PROGRAMS), (512, config.BACKWARD_TILE_TARGET_PROGRAMS[512]),
     (4096, config.BACKWARD_TILE_TARGET_PROGRAMS[4096]),
     (5000, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[8192]),
     (8192, config.BACKWARD_TILE_TARGET_PROGRAMS[8192]), (20000, config.BACKWARD_TARGET_PROGRAMS),
 ], ids=["d128", "d2048", "d1024-own-target", "d640-partial-own-target",
-        "d96-partial-own-target", "d192-partial-own-target", "d256", "d4096",
+        "d96-partial-own-target", "d192-partial-own-target", "d256", "d512", "d4096",
         "d5000-partial", "d8192", "long-row"])
 def test_backward_tiles_take_their_program_target(group_size, expected):
     tile = config.backward_config(group_size)

@@ -81,6 +81,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--all-peers", action="store_true",
                         help="time every provider on every case (the full run leaves "
                              "torch.compile and FLA out of the fp16/fp32 D sweeps)")
+    parser.add_argument("--no-same-bytes-copy", action="store_true",
+                        help="do not time, per training case and pass, a copy moving the "
+                             "same bytes (what the case's size alone allows; on by default on a GPU "
+                             "and with --smoke)")
     parser.add_argument("--rounding", default="te", choices=("te", "fp32", "hf"),
                         help="gatednorm's rounding convention (default te)")
     parser.add_argument("--compile-backend",
@@ -136,7 +140,9 @@ class Context:
     options: providers.Options
     copy_gbps: float
     all_peers: bool = False
+    same_bytes_copy: bool = False
     first_calls: dict = field(default_factory=dict)
+    same_bytes_copies: list = field(default_factory=list)
 
 
 def _placeholders(provider_name: str, case, status: str, reason: str) -> list[dict]:
@@ -249,6 +255,22 @@ def _not_runnable(provider, case, ctx: Context) -> tuple[str, str] | None:
     return None
 
 
+def measure_same_bytes_copy(case, ctx: Context) -> list[dict]:
+    """Per pass, copies moving the pass's bytes (half read, half written; the forward and the
+    backward one launch each, fwd+bwd both in turn), timed like the pass: what a kernel at
+    the large copy's speed per byte but of this size could reach."""
+    entries = []
+    halves = {p: case.bytes_moved(p) // 2 for p in ("fwd", "bwd")}
+    for pass_, sizes in (("fwd", [halves["fwd"]]), ("bwd", [halves["bwd"]]),
+                         ("fwd+bwd", [halves["fwd"], halves["bwd"]])):
+        median_ms = timing.same_bytes_copy_ms(sizes, ctx.device, ctx.budget)
+        gbps = 2 * sum(sizes) / (median_ms * 1e-3) / 1e9
+        entries.append({"case": case.name, "pass": pass_, "bytes": 2 * sum(sizes),
+                        "launches": len(sizes), "median_ms": median_ms, "gbps": gbps,
+                        "frac_copy": gbps / ctx.copy_gbps})
+    return entries
+
+
 def run_case(case, selected, ctx: Context) -> list[dict]:
     """Every selected provider on one case: placeholders for those that cannot run it."""
     by_provider: dict[str, list[dict]] = {}
@@ -358,6 +380,8 @@ def run_cases(case_list, selected, ctx: Context, budget_s: float | None,
             continue
         case_records = run_case(case, selected, ctx)
         records += case_records
+        if ctx.same_bytes_copy and not case.is_decode:
+            ctx.same_bytes_copies.extend(measure_same_bytes_copy(case, ctx))
         _progress(f"{prefix} {_case_line(case, case_records)}")
         if save_partial is not None:
             save_partial(records)
@@ -422,7 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     copy_bytes = COPY_BYTES_CUDA if timing.is_cuda(device) else COPY_BYTES_CPU
     ctx = Context(device=device, budget=budget, options=options,
                   copy_gbps=timing.copy_bandwidth_gbps(device, copy_bytes, budget),
-                  all_peers=args.all_peers)
+                  all_peers=args.all_peers,
+                  same_bytes_copy=((timing.is_cuda(device) or mode == "smoke")
+                                   and not args.no_same_bytes_copy))
     triton_init_s = (_warm_triton(ctx)
                      if any(p.name == providers.SUBJECT for p in selected) else None)
     _progress(f"gatednorm bench ({mode}): {gpu}, {len(case_list)} cases, providers "
@@ -455,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     def result_with(records: list[dict], complete: bool) -> dict:
-        return {**header, "first_calls": list(ctx.first_calls.values()), "records": records,
+        return {**header, "first_calls": list(ctx.first_calls.values()),
+                "same_bytes_copy": list(ctx.same_bytes_copies), "records": records,
                 "runtime_s": time.perf_counter() - started, "complete": complete}
 
     records = run_cases(case_list, selected, ctx, budget_s, started,

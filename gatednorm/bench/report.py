@@ -80,22 +80,29 @@ def _peer_cell(peer: dict | None, subject: dict | None, decode: bool) -> str:
     return f"{value} {peer['median_ms'] / subject['median_ms']:.2f}x"
 
 
-def _table(records: list[dict], providers: list[str], decode: bool) -> list[str]:
+def _table(records: list[dict], providers: list[str], decode: bool,
+           same_bytes_copy: list[dict] | None = None) -> list[str]:
     index = index_records(records)
     keys = _row_keys(records, decode)
     if not keys:
         return []
     peers = [p for p in providers if p != SUBJECT]
+    copies = {(c["case"], c["pass"]): c for c in same_bytes_copy or []} if not decode else {}
     width = max(len(k[0]) for k in keys)
     label = "mode" if decode else "pass"
     subject_width = 14 if decode else 22
     header = (f"{'case':<{width}}  {label:<7}  {SUBJECT:<{subject_width}}"
+              + (f"  {'same-bytes copy':<15}" if copies else "")
               + "".join(f"  {p:<17}" for p in peers))
     lines = [header, "-" * len(header)]
     for case, pass_, mode in keys:
         subject = index.get((case, pass_, mode, SUBJECT))
         row = (f"{case:<{width}}  {(mode or pass_):<7}  "
                f"{_subject_cell(subject, decode):<{subject_width}}")
+        if copies:
+            copy = copies.get((case, pass_))
+            cell = f"{copy['frac_copy']:.0%}" if copy else "-"
+            row += f"  {cell:<15}"
         for peer in peers:
             row += f"  {_peer_cell(index.get((case, pass_, mode, peer)), subject, decode):<17}"
         lines.append(row)
@@ -112,10 +119,13 @@ def format_report(result: dict) -> str:
         f"copy bandwidth (read + write): {result['copy_gbps']:.0f} GB/s; runtime "
         f"{result['runtime_s']:.0f} s",
         "",
-        "Training-size passes. gatednorm: median ms, GB/s, fraction of copy bandwidth. Peers: "
-        "median ms and their time over gatednorm's (>1x: gatednorm is faster).",
+        "Training-size passes. gatednorm: median ms, GB/s, fraction of copy bandwidth. "
+        "Same-bytes copy: copies moving the pass's bytes, timed alike, as a fraction of the "
+        "large copy (what the size alone allows). Peers: median ms and their time over "
+        "gatednorm's (>1x: gatednorm is faster).",
     ]
-    lines += _table(records, providers, decode=False)
+    lines += _table(records, providers, decode=False,
+                    same_bytes_copy=result.get("same_bytes_copy"))
     decode = _table(records, providers, decode=True)
     if decode:
         lines += ["", "Decode forward, time per call with host overhead (eager) and per CUDA "

@@ -13,6 +13,10 @@
   chosen from a warm-up estimate so that each measurement spends about ``target_ms``.
 - :func:`copy_bandwidth_gbps`: a large device-to-device copy, timed the same way; bytes read
   plus bytes written over the median time. It is the ceiling every pass is compared to.
+- :func:`same_bytes_copy_ms`: copies moving what one pass moves, timed as the pass (cold
+  L2, single calls): what the pass's size alone allows, where the launch's ramp-up and last
+  wave weigh more than in the large copy (a reference, not a bound: PyTorch's copy kernel has
+  costs of its own, and gatednorm's forward beats it on some shapes).
 - :func:`per_call_us` (decode): host wall clock of N back-to-back calls with one synchronize
   at the end, divided by N: host overhead included, as a serving loop sees it. With a CUDA
   graph (:func:`capture_graph`) the same clock times N replays of a graph holding
@@ -188,6 +192,28 @@ def copy_bandwidth_gbps(device: torch.device, nbytes: int, budget: Budget) -> fl
     dst = torch.empty_like(src)
     timing = measure([lambda: dst.copy_(src)], device, budget)
     return 2 * nbytes / (timing.median_ms * 1e-3) / 1e9
+
+
+def same_bytes_copy_ms(nbytes_per_copy: Sequence[int], device: torch.device, budget: Budget,
+                       l2_multiple: int = ROTATION_L2_MULTIPLE) -> float:
+    """Median time of one call made of back-to-back ``dst.copy_(src)`` of each size in
+    ``nbytes_per_copy`` (one copy per kernel launch a pass stands for), timed as
+    :func:`measure` times a pass: the sources and destinations rotate over enough pairs that
+    the L2 is cold. A copy of half a pass's bytes (each read once and written once) moves
+    what the pass moves, as many bytes per launch: its fraction of the large copy is what the
+    pass's size alone allows, launch ramp-up and last wave included."""
+    per_set = sum(nbytes_per_copy)
+    wanted = max(MIN_SETS, math.ceil(l2_multiple * l2_bytes(device) / (2 * per_set)))
+    fit = max(1, budget.set_memory_bytes // (2 * per_set))
+    pairs = [[(torch.empty(n, dtype=torch.uint8, device=device).random_(0, 256),
+               torch.empty(n, dtype=torch.uint8, device=device)) for n in nbytes_per_copy]
+             for _ in range(min(wanted, fit, budget.max_sets))]
+
+    def call(copies):
+        for src, dst in copies:
+            dst.copy_(src)
+    return measure([functools.partial(call, copies) for copies in pairs], device,
+                   budget).median_ms
 
 
 def per_call_us(call: Callable[[], object], device: torch.device, calls: int,

@@ -40,8 +40,12 @@ BACKWARD_TILES = {
 # of copy bandwidth better than one (launch-sweep-v4), and the forward's row loop another 3-11
 # points over the one-tile kernel (launch-sweep-v5 round 2: D 96 87.5 -> 94.7 %, 192 83.9 ->
 # 95.0 %, 640 84.3 -> 87.1 %). Full tiles of 128-4096 measured the one-tile kernel faster.
+# The backward's partial 1024 tile took two rows and 4 warps until its program count was
+# swept with it (variant 38): one row and 2 warps (the whole tile's entry) at 792 programs ran
+# Mamba2 in 123.2 us against 128.3 for the best count of the two-row tile (396), and 66.0
+# against 67.6 at 4096 tokens (launch-sweep-v9, two rounds each); so no backward entry is left.
 FORWARD_PARTIAL_TILES = {128: (16, 4, 3), 256: (8, 4, 3), 1024: (2, 2, 3)}
-BACKWARD_PARTIAL_TILES = {1024: (2, 4, 3)}
+BACKWARD_PARTIAL_TILES: dict[int, tuple[int, int, int]] = {}
 # Long rows: (block_n, num_warps, loop_stages) of the looped forward kernel, and of the
 # one-row tile of the backward's two launches over blocks of block_n columns of a group
 # (variant 28). Cold, L2-cold timings at D = 16384 / 32768 (h200-2026-12-03-ab-13-long-row-
@@ -75,20 +79,28 @@ FEW_ROWS_TILE_ELEMENTS = 256
 # The backward splits rows into about this many (chunk, group) programs. A constant, not the
 # SM count: the partition, and so dweight's rounding, must not depend on the GPU.
 BACKWARD_TARGET_PROGRAMS = 1056
-# Tiles measured fastest at another program count, whole (by width) and partial (groups
-# that fill part of their power-of-two tile). Tiles of one wide row (4096 and 8192 elements,
-# 8 and 16 warps a program) take 264: 3-4 % faster than 1056 at D = 4096 and 8192 (fewer
-# D-wide dweight partials to write and re-read; launch-sweep-v6-bwd-targets). The rest from
-# cold sweeps, two rounds, programmatic launch on (h200-2026-12-03-launch-sweep-v8-bwd-
-# targets*.json). The whole 1024 tile (one row, 2 warps): D = 1024 134.9 us at 528 against
-# 149.6 at 1056 (155 at 396), Nemotron-H's gate-first groups 175.3 against 202.2 (187 at 792,
-# 200 at 396, 228 at 264). The partial 1024 tile (two rows, 4 warps, at most 3 programs an
-# SM): Mamba2 128.4 at 396 against 132.6 at 1056 (157 at 528, 142 at 264). The partial 128
-# and 256 tiles (four rows, one warp): D = 96 140.8 us at 1584 against 156.5 at 1056 (144 at
-# 2112), D = 192 148.9 against 171.8 (174 at 2112). D = 2048 (179.4 at 1056 and 396, 191.5
-# at 528), D = 64, 128 and 256 (1056 best of 528-2112) keep the default.
-BACKWARD_TILE_TARGET_PROGRAMS = {1024: 528, 4096: 264, 8192: 264}
-BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS = {128: 1584, 256: 1584, 1024: 396, 4096: 264, 8192: 264}
+# Tiles measured fastest at another program count, whole (by width) and partial (groups that
+# fill part of their power-of-two tile). Cold sweeps, two rounds each, programmatic launch on
+# (h200-2026-12-03-launch-sweep-v8-bwd-targets*.json, -v9-bwd-targets*):
+#   whole 512 (two rows, 2 warps): 189.2 us at 1584 against 192.9 at 1056 (189.8 at 528,
+#     194.3 at 792).
+#   whole 1024 (one row, 2 warps): D = 1024 134.9 us at 528 against 149.6 at 1056 (155 at
+#     396); Nemotron-H's gate-first groups 175.3 against 202.2 (187 at 792, 200 at 396, 228 at
+#     264), and at 4096 tokens best at 528 again (92.4 us, next 94.3).
+#   whole 4096 and 8192 (one row, 8 and 16 warps, one program an SM): 264 was 3-4 % faster
+#     than 1056 (fewer D-wide dweight partials to write and re-read; launch-sweep-v6); then
+#     the 4096 tile 183.0 us at 132 against 187.4 at 264, 189.4 at 396, 236.5 at 198; the 8192
+#     tile best at 264 (178.7 against 182.0 at 132 and 396). Partial wide tiles: unswept, 264.
+#   partial 1024 (one row, 2 warps since variant 38; six programs an SM with the gate first):
+#     Mamba2 123.2 us at 792 against 150.9 at 1056 and 136.6 at 528 (the two-row 4-warp tile
+#     before it: 128.4 at its best, 396); at 4096 tokens 792 again (66.0 us, next 67.6).
+#   partial 128 and 256 (four rows, one warp): D = 96 140.8 us at 1584 against 156.5 at 1056
+#     (144 at 2112), D = 192 148.9 against 171.8 (174 at 2112); fp16 alike (138.5 / 147.5 us
+#     against 149.6 / 153.9).
+# Keeping the default: D = 2048 (179.4 us at 1056 and 396, 191.5 at 528; the four-warp tile
+# 183.2), D = 64, 128 and 256 (1056 best of 528-2112).
+BACKWARD_TILE_TARGET_PROGRAMS = {512: 1584, 1024: 528, 4096: 132, 8192: 264}
+BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS = {128: 1584, 256: 1584, 1024: 792, 4096: 264, 8192: 264}
 # Programmatic dependent launch (sm_90+, eager launches) between the backward's launches (the
 # main kernel or the two launches of a cut group, then the two dweight reduction levels):
 # each launch after the first is started as soon as its predecessor's programs exit and

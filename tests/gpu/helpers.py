@@ -474,6 +474,20 @@ MIN_FRACTION_IDENTICAL = 0.999
 # where it lands one ulp over (about one element in 1e4 for bf16), the final product moves by
 # up to two ulps of the output (an ulp of v is 2^-8..2^-7 of v, an ulp of y 2^-8..2^-7 of y).
 MAX_ULP = {"fp32": 1, "te": 2, "hf": 2}
+# "hf" with the gate after the norm and a weight in x's 16-bit dtype rounds twice before the
+# end: the normalized value, then its product with the weight (transformers multiplies two
+# bf16 tensors). Each landing one ulp over moves the output further: up to three ulps. GPU
+# suite run 12b saw 3 on the zero-centered GDN case; with round-to-nearest-even on the CPU, an
+# rstd one or two fp32 ulps off reaches 3 and never 4 in 4M elements (test_helpers.py
+# simulates it; three fp32 ulps off can reach 4).
+HF_ROUNDED_WEIGHT_PRODUCT_MAX_ULP = 3
+
+
+def ulp_limit(options: Options) -> int:
+    """The largest ulp distance from the composite allowed for y and dgate under ``options``."""
+    if options.rounding == "hf" and options.norm_before_gate and options.weight == "x":
+        return HF_ROUNDED_WEIGHT_PRODUCT_MAX_ULP
+    return MAX_ULP[options.rounding]
 
 
 def bitexact_tensors(options: Options, dtypes: Dtypes) -> tuple[str, ...]:
@@ -497,9 +511,9 @@ def bitexact_failures(results: dict[str, Accuracy], options: Options,
         if r.fraction_identical < MIN_FRACTION_IDENTICAL:
             failures.append(f"{name}: {r.fraction_identical:.6f} of elements bit-identical to the "
                             f"composite, want >= {MIN_FRACTION_IDENTICAL}")
-        if r.max_ulp > MAX_ULP[options.rounding]:
+        if r.max_ulp > ulp_limit(options):
             failures.append(f"{name}: {r.max_ulp} ulp from the composite, want <= "
-                            f"{MAX_ULP[options.rounding]}")
+                            f"{ulp_limit(options)}")
     return failures
 
 
@@ -545,7 +559,7 @@ def accuracy_records(kind: str, test: str, case: Case, results: dict[str, Accura
             x_dtype=dtype_name(case.dtypes.x), gate_dtype=dtype_name(case.dtypes.gate),
             tensor=name, numel=r.numel, fraction_identical=r.fraction_identical,
             max_ulp=r.max_ulp, bitexact_asserted=name in asserted,
-            ulp_limit=MAX_ULP[case.options.rounding] if name in asserted else None,
+            ulp_limit=ulp_limit(case.options) if name in asserted else None,
             max_err_kernel=r.max_err_kernel, max_err_composite=r.max_err_composite,
             violations=r.violations,
         ))

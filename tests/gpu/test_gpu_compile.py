@@ -14,7 +14,7 @@ from gatednorm.kernels.forward import forward_long_row_kernel, forward_tile_kern
 
 from .helpers import (
     BF16,
-    MAX_ULP,
+    ulp_limit,
     Case,
     Inputs,
     Options,
@@ -106,7 +106,7 @@ def assert_matches_eager(got: dict, want: dict, case: Case, rows: int) -> None:
         assert actual.shape == expected.shape and actual.dtype == expected.dtype, name
         if name == "y" or (name == "dgate" and case.options.norm_before_gate):
             ulps = max_ulp(actual, expected)
-            assert ulps <= MAX_ULP[case.options.rounding], f"{name}: {ulps} ulp from eager"
+            assert ulps <= ulp_limit(case.options), f"{name}: {ulps} ulp from eager"
         else:
             atol, rtol = tolerance(name, case.dtypes.x, rows)
             torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, msg=name)

@@ -34,6 +34,7 @@ from .helpers import (
     summarize_report,
     tolerance,
     ulp_distance,
+    ulp_limit,
 )
 
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
@@ -169,6 +170,42 @@ def test_bitexact_rules():
     assert any("0.998000" in f for f in failures) and any("3 ulp" in f for f in failures)
 
 
+def test_ulp_limit_allows_a_third_ulp_only_for_the_rounded_hf_weight_product():
+    assert ulp_limit(Options("hf")) == ulp_limit(Options("hf", zero_centered=True)) == 3
+    assert ulp_limit(Options("hf", weight="fp32")) == ulp_limit(Options("hf", weight="none")) == 2
+    assert ulp_limit(Options("hf", norm_before_gate=False)) == 2
+    assert ulp_limit(Options("te")) == 2 and ulp_limit(Options("fp32")) == 1
+
+
+@pytest.mark.parametrize("zero_centered", (False, True), ids=("w", "w_zc"))
+def test_hf_rounded_weight_product_moves_y_up_to_three_ulps(zero_centered):
+    """Why ulp_limit is 3 there: transformers' y with rstd one or two fp32 ulps off (another
+    reduction order), both rounded to nearest even as on the GPU, differs by 3 ulps somewhere
+    in 4M elements and never by 4; "te" (one intermediate rounding) stays within 2. (Three
+    fp32 ulps off can reach 4: the limit is for the rstd differences a reordered fp32 sum of
+    squares gives, as the GPU suite measures them.)"""
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(32768, 128, generator=generator).bfloat16().float()
+    act = torch.nn.functional.silu(torch.randn(32768, 128, generator=generator) * 2)
+    weight = (torch.randn(128, generator=generator) * 0.3
+              + (0.0 if zero_centered else 1.0)).bfloat16()
+    rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    gamma = weight.float() + 1.0 if zero_centered else weight.float()
+
+    def hf_y(r):
+        normed = (x * r).bfloat16()
+        scaled = (gamma * normed.float()).bfloat16() if zero_centered else weight * normed
+        return (scaled.float() * act).bfloat16()
+
+    def te_y(r):
+        return ((x * r * gamma).bfloat16().float() * act).bfloat16()
+
+    hf_ulps = [max_ulp(hf_y(rstd * (1 + k * 2.0**-23)), hf_y(rstd)) for k in (-2, -1, 1, 2)]
+    te_ulps = [max_ulp(te_y(rstd * (1 + k * 2.0**-23)), te_y(rstd)) for k in (-2, -1, 1, 2)]
+    assert max(hf_ulps) == ulp_limit(Options("hf", zero_centered=zero_centered)) == 3
+    assert max(te_ulps) <= ulp_limit(Options("te")) == 2
+
+
 def test_option_space_covers_every_combination():
     assert len(OPTION_SPACE) == 3 * 2 * 2 * 5 == len({o.id for o in OPTION_SPACE})
     assert len({d.id for d in DTYPES}) == len(DTYPES) == 5
@@ -214,7 +251,7 @@ def test_report_and_summary(tmp_path):
     assert first["tensor"] == "y"
     assert first["fraction_identical"] == results["y"].fraction_identical
     assert first["x_dtype"] == "bfloat16" and first["weight"] == "bfloat16"
-    assert first["bitexact_asserted"] and first["ulp_limit"] == 2
+    assert first["bitexact_asserted"] and first["ulp_limit"] == 3  # hf, bf16 weight product
     summary = summarize_report(tmp_path / "sub" / "report.jsonl")
     assert "hf" in summary and summary.count("bfloat16") == 8  # 4 tensors x (x, gate)
     assert "no report" in summarize_report(tmp_path / "missing.jsonl")
