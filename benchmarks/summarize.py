@@ -25,7 +25,7 @@ def _ok(record):
 def training_table(result) -> list[str]:
     table = index_records(result["records"])
     cases = [c["case"] for c in result["cases"] if c["family"] != "decode"]
-    # Files since bench-v11 also time copies moving each pass's bytes (the size's ceiling).
+    # Files since bench-v11 also time copies moving each pass's bytes (what the size allows).
     copies = {(c["case"], c["pass"]): c for c in result.get("same_bytes_copy", [])}
     copy_column = ["same-bytes copy fwd / bwd"] if copies else []
     lines = ["| case | fwd | bwd | fwd+bwd | " + " | ".join(

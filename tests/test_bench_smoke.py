@@ -96,7 +96,7 @@ def test_subject_and_cpu_peers_run_and_pass_the_check(smoke):
 
 
 def test_same_bytes_copy_is_timed_for_every_training_case_and_pass(smoke):
-    """The size-matched ceiling: per training case and pass, copies moving that pass's bytes
+    """The size-matched reference: per training case and pass, copies moving that pass's bytes
     (one launch each for fwd and bwd, both for fwd+bwd), with a time and a fraction of the
     large copy; none for decode cases."""
     result, proc = smoke

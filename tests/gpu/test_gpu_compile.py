@@ -14,7 +14,6 @@ from gatednorm.kernels.forward import forward_long_row_kernel, forward_tile_kern
 
 from .helpers import (
     BF16,
-    ulp_limit,
     Case,
     Inputs,
     Options,
@@ -24,6 +23,7 @@ from .helpers import (
     requires_cuda,
     same_bits,
     tolerance,
+    ulp_limit,
 )
 
 pytestmark = [requires_cuda, pytest.mark.timeout(240)]
