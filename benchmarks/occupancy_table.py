@@ -6,7 +6,10 @@ with `te` rounding and a weight: the registers and shared memory ptxas gives it,
 its programs fit one SM (H100 / H200: 64K registers, 227 KB of shared memory a block may use,
 64 warps), and how many waves of 132 SMs its program target makes. A kernel edit can move a
 tile's register count and so its occupancy, and the backward's speed with it by 10 % or more
-(docs/perf-notes.md, variant 36): diff this table before and after.
+(docs/perf-notes.md, variant 36): diff this table before and after. The CPU suite
+(tests/test_occupancy_record.py) compares it with the committed record,
+benchmarks/results/cpu-2026-12-03-backward-occupancy.txt (when a change is deliberate and its
+tiles' program counts were measured again, regenerate it, keeping the header line).
 
     python benchmarks/occupancy_table.py > after.txt
 """
