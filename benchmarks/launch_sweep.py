@@ -232,7 +232,6 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
 
     if "fwd" in passes:
         saved_target = config_module.FORWARD_TARGET_PROGRAMS
-        saved_wide_target = config_module.FORWARD_WIDE_ROW_TARGET_PROGRAMS
         for config in forward_candidates(shape, stages, forward_stages):
             if config.long_row:
                 kernel = forward_kernels.forward_long_row_kernel
@@ -245,7 +244,6 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                 launch.forward_config = lambda group_size, c=config: c
                 if target is not None:
                     config_module.FORWARD_TARGET_PROGRAMS = target
-                    config_module.FORWARD_WIDE_ROW_TARGET_PROGRAMS = target
                 launch._PLANS.clear()
                 try:
                     ms = time_call(lambda x, gate, weight, dy: launch.forward(
@@ -257,7 +255,6 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
             forget_compiled(kernel)
         launch.forward_config = config_module.forward_config
         config_module.FORWARD_TARGET_PROGRAMS = saved_target
-        config_module.FORWARD_WIDE_ROW_TARGET_PROGRAMS = saved_wide_target
 
     if "bwd" in passes:
         saved_target = config_module.BACKWARD_TARGET_PROGRAMS
@@ -308,7 +305,7 @@ def main() -> None:
                         help="forward tile prefetch depths (1: one-tile kernel; more: row loop)")
     parser.add_argument("--forward-targets", default="1584",
                         help="program counts for the forward row loop "
-                             "(FORWARD_TARGET_PROGRAMS and FORWARD_WIDE_ROW_TARGET_PROGRAMS alike)")
+                             "(FORWARD_TARGET_PROGRAMS; the swept tiles carry no per-tile count)")
     parser.add_argument("--forward-tiles", default="",
                         help='replace candidates per tile width, e.g. "128=16x4,8x2;1024=1x2"')
     parser.add_argument("--backward-tiles", default="",

@@ -82,8 +82,9 @@ def test_an_fp32_input_keeps_the_one_tile_kernel(monkeypatch, x_dtype, gate_dtyp
 
 
 def test_wide_row_loops_start_their_own_program_count(monkeypatch):
-    """The 8192-wide row loop is chunked for FORWARD_WIDE_ROW_TARGET_PROGRAMS programs, the
-    narrower ones for FORWARD_TARGET_PROGRAMS; the chunking never changes the bits."""
+    """The 8192-wide row loop is chunked for its own program count
+    (FORWARD_TILE_TARGET_PROGRAMS), the narrower ones for FORWARD_TARGET_PROGRAMS; the
+    chunking never changes the bits."""
     torch.manual_seed(0)
     x, gate = (torch.randn(8, 8192).to(torch.float16) for _ in range(2))
     assert config.forward_config(8192).loop_stages > 1
@@ -91,7 +92,7 @@ def test_wide_row_loops_start_their_own_program_count(monkeypatch):
     outputs = {}
     for wide_target in (2, 8):
         monkeypatch.setattr(config, "FORWARD_TARGET_PROGRAMS", 4)
-        monkeypatch.setattr(config, "FORWARD_WIDE_ROW_TARGET_PROGRAMS", wide_target)
+        monkeypatch.setitem(config.FORWARD_TILE_TARGET_PROGRAMS, 8192, wide_target)
         with torch.no_grad():
             outputs[wide_target] = _forward(x, gate, None)
         plan = next(plan for key, plan in launch._PLANS.items() if key[0] == "fwd")

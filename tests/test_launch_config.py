@@ -87,8 +87,9 @@ def test_backward_tiles_take_their_program_target(group_size, expected):
 
 
 @pytest.mark.parametrize("group_size, target", [
-    (8192, config.FORWARD_WIDE_ROW_TARGET_PROGRAMS), (96, config.FORWARD_TARGET_PROGRAMS),
-    (640, config.FORWARD_TARGET_PROGRAMS)])
+    (8192, config.FORWARD_TILE_TARGET_PROGRAMS[8192]),
+    (5000, config.FORWARD_PARTIAL_TILE_TARGET_PROGRAMS[8192]),
+    (96, config.FORWARD_TARGET_PROGRAMS), (640, config.FORWARD_TARGET_PROGRAMS)])
 def test_forward_row_loops_take_their_program_target(group_size, target):
     tile = config.forward_config(group_size)
     assert tile.loop_stages > 1 and not tile.long_row  # a row-loop entry of the table

@@ -63,12 +63,14 @@ SHARED_MEMORY_RESERVE = 16384
 # of rows (forward_row_loop_kernel), about this many (chunk, group) programs in all (measured
 # best of 1056-4224). The forward reduces nothing across programs, so this may be tuned freely.
 FORWARD_TARGET_PROGRAMS = 4224
-# The 8192-wide row loop (one row, 8 warps a program) runs fastest with half as many:
-# 100.5-100.6 against 102.6-102.8 us at D = 8192, while the partial tiles that also loop (D =
-# 96, 192, Mamba2's 640) were 2-3 % slower at 2112 (two interleaved repeats each, cold:
-# h200-2026-12-03-launch-sweep-v7-fwd-targets.json).
-FORWARD_WIDE_ROW_TARGET_PROGRAMS = 2112
-FORWARD_WIDE_ROW_MIN_N = 8192
+# Row-loop tiles measured fastest at another count, whole and partial (as the backward's
+# tables below): the 8192-wide row loop (one row, 8 warps a program; groups of 4097-8192)
+# runs fastest with half as many, 100.5-100.6 against 102.6-102.8 us at D = 8192, while the
+# partial tiles that also loop (D = 96, 192, Mamba2's 640) were 2-3 % slower at 2112 (two
+# interleaved repeats each, cold: h200-2026-12-03-launch-sweep-v7-fwd-targets.json) and keep
+# the default.
+FORWARD_TILE_TARGET_PROGRAMS = {8192: 2112}
+FORWARD_PARTIAL_TILE_TARGET_PROGRAMS = {8192: 2112}
 # Decode-size forwards: when the table's tile would start fewer programs than this (one per
 # SM of an H100/H200), a one-warp tile of FEW_ROWS_TILE_ELEMENTS elements starts more, smaller
 # programs and finishes sooner: 32 rows of 128 take 1.43 us instead of 1.82 us per forward in a
@@ -169,8 +171,8 @@ class LaunchConfig:
     # Software-pipelining depth of the kernel's loop (rows in the backward tile kernel and
     # the forward row loop, column chunks in the forward long-row kernel); 1 = no prefetch.
     loop_stages: int = 1
-    # Backward tiles with a measured program count of their own (backward_target_programs);
-    # None: BACKWARD_TARGET_PROGRAMS.
+    # Tiles with a measured program count of their own (forward_target_programs of a row
+    # loop, backward_target_programs); None: FORWARD_ / BACKWARD_TARGET_PROGRAMS.
     target_programs: int | None = None
 
 
@@ -195,7 +197,8 @@ def _tile_config(group_size: int, tiles: dict, partial_tiles: dict,
 
 def forward_config(group_size: int) -> LaunchConfig:
     """Forward tile for one group size (the same element count for every dtype)."""
-    return _tile_config(group_size, FORWARD_TILES, FORWARD_PARTIAL_TILES, FORWARD_LONG_ROW)
+    return _tile_config(group_size, FORWARD_TILES, FORWARD_PARTIAL_TILES, FORWARD_LONG_ROW,
+                        FORWARD_TILE_TARGET_PROGRAMS, FORWARD_PARTIAL_TILE_TARGET_PROGRAMS)
 
 
 def few_rows_forward_config(config: LaunchConfig, rows: int, num_groups: int) -> LaunchConfig:
@@ -232,8 +235,8 @@ def fit_shared_memory(config: LaunchConfig, loaded_bytes_per_element: int,
 
 def forward_target_programs(config: LaunchConfig) -> int:
     """About how many (chunk, group) programs the forward row loop of ``config`` starts."""
-    if config.block_n >= FORWARD_WIDE_ROW_MIN_N:
-        return FORWARD_WIDE_ROW_TARGET_PROGRAMS
+    if config.target_programs is not None:
+        return config.target_programs
     return FORWARD_TARGET_PROGRAMS
 
 
