@@ -90,7 +90,8 @@ def main() -> None:
     parser.add_argument("--block-rows", type=int)
     parser.add_argument("--block-n", type=int, default=128)
     parser.add_argument("--warps", type=int)
-    parser.add_argument("--stages", type=int, default=3, help="backward loop pipelining depth")
+    parser.add_argument("--stages", type=int, default=3,
+                        help="pipelining depth of the backward's and the forward row loop's loop")
     parser.add_argument("--rounding", type=int, default=0, help="0 te, 1 fp32, 2 hf")
     parser.add_argument("--gate-first", action="store_true")
     parser.add_argument("--loop-only", action="store_true")
@@ -101,6 +102,11 @@ def main() -> None:
                         help="forward: the training forward (rstd stored)")
     parser.add_argument("--no-ptx", action="store_true",
                         help="forward: store rstd with tl.store (as under torch.compile)")
+    parser.add_argument("--tail-n", type=int, default=0,
+                        help="forward: a tail tile of this many columns after --block-n "
+                             "(a group held as head + tail, config.head_and_tail)")
+    parser.add_argument("--row-loop", action="store_true",
+                        help="forward: the row-loop kernel (prefetching --stages deep)")
     parser.add_argument("--split-pass", type=int, default=0, choices=(0, 1, 2),
                         help="backward: 0 whole groups, 1 row dot products, 2 dx / dgate of "
                              "a group cut into column blocks (backward.SPLIT_PASS)")
@@ -125,11 +131,16 @@ def main() -> None:
     else:
         pointers = {name: "*bf16" for name in ("X", "GATE", "W", "Y")}
         pointers.update(RSTD="*fp32")
-        compiled = compile_for_sm90(
-            forward.forward_tile_kernel, pointers,
-            dict(flags, BLOCK_ROWS=args.block_rows or 16, BLOCK_N=args.block_n,
-                 STORE_RSTD=args.store_rstd, RSTD_BY_PTX=not args.no_ptx,
-                 GATE_ROWS_AS_X=gate_as_x, Y_ROWS_AS_X=as_x), args.warps or 4)
+        tile = dict(flags, BLOCK_ROWS=args.block_rows or 16, BLOCK_N=args.block_n,
+                    TAIL_N=args.tail_n, STORE_RSTD=args.store_rstd)
+        if args.row_loop:
+            compiled = compile_for_sm90(forward.forward_row_loop_kernel, pointers,
+                                        dict(tile, LOOP_STAGES=args.stages), args.warps or 4)
+        else:
+            compiled = compile_for_sm90(
+                forward.forward_tile_kernel, pointers,
+                dict(tile, RSTD_BY_PTX=not args.no_ptx, GATE_ROWS_AS_X=gate_as_x,
+                     Y_ROWS_AS_X=as_x), args.warps or 4)
     lines, usage = disassemble(compiled)
     if args.loop_only:
         lines = main_loop(lines)

@@ -101,6 +101,9 @@ BACKWARD_TILES = {
     4096: [(1, 4), (1, 8)],
     8192: [(1, 8), (1, 16)],
 }
+# Groups held as a head and a tail tile (config.head_and_tail), keyed by the padded width;
+# (rows, warps) as the other tables. Empty unless --forward-split asks.
+FORWARD_SPLIT_TILES: dict[int, list[tuple[int, int]]] = {}
 FORWARD_LONG_ROWS = [(2048, 8), (4096, 8), (4096, 16)]
 # The backward's column blocks of a long row (one-row tiles, two launches).
 BACKWARD_LONG_ROWS = [(1024, 4), (2048, 4), (2048, 8), (4096, 8)]
@@ -131,8 +134,15 @@ def _candidates(shape: Shape, tiles: dict, library_tiles: dict, long_rows: list,
 def forward_candidates(shape: Shape, stages, tile_stages=(1,)) -> list[LaunchConfig]:
     """Tile candidates at each of ``tile_stages`` (1: the one-tile kernel; more: the row-loop
     kernel, prefetching that deep); long rows at each of ``stages``."""
-    return _candidates(shape, FORWARD_TILES, config_module.FORWARD_TILES, FORWARD_LONG_ROWS,
-                       tile_stages, stages)
+    candidates = _candidates(shape, FORWARD_TILES, config_module.FORWARD_TILES,
+                             FORWARD_LONG_ROWS, tile_stages, stages)
+    split = config_module.head_and_tail(shape.group_size)
+    if split is not None:
+        head, tail = split
+        candidates += [LaunchConfig(rows, head, warps, False, s, tail_n=tail)
+                       for rows, warps in FORWARD_SPLIT_TILES.get(2 * head, [])
+                       for s in tile_stages]
+    return candidates
 
 
 def backward_candidates(shape: Shape, stages) -> list[LaunchConfig]:
@@ -225,7 +235,8 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                      median_ms=ms, gbps=gbps,
                      frac_copy=gbps / copy_gbps, **compiled_resources(kernel))
         records.append(entry)
-        print(f"{pass_name} {shape.name} rows={config.block_rows} n={config.block_n} "
+        print(f"{pass_name} {shape.name} rows={config.block_rows} n={config.block_n}"
+              + (f"+{config.tail_n}" if config.tail_n else "") + " "
               f"w={config.num_warps} long={config.long_row} stages={config.loop_stages} "
               f"T={target} min_rows={entry['min_rows_per_chunk']} {ms * 1e3:.1f} us {entry['frac_copy'] * 100:.1f}% "
               f"regs={entry.get('registers')} spills={entry.get('spills')}", flush=True)
@@ -308,6 +319,9 @@ def main() -> None:
                              "(FORWARD_TARGET_PROGRAMS; the swept tiles carry no per-tile count)")
     parser.add_argument("--forward-tiles", default="",
                         help='replace candidates per tile width, e.g. "128=16x4,8x2;1024=1x2"')
+    parser.add_argument("--forward-split", default="",
+                        help='forward candidates holding a group as head + tail tiles, by '
+                             'padded width, e.g. "1024=1x1,2x2;128=16x4" (rows x warps)')
     parser.add_argument("--backward-tiles", default="",
                         help='replace candidates per tile width, e.g. "128=4x1,8x1"')
     parser.add_argument("--min-rows-per-chunk", default="",
@@ -327,6 +341,7 @@ def main() -> None:
     args = parser.parse_args()
     FORWARD_TILES.update(parse_tiles(args.forward_tiles))
     BACKWARD_TILES.update(parse_tiles(args.backward_tiles))
+    FORWARD_SPLIT_TILES.update(parse_tiles(args.forward_split))
     if args.long_rows:
         FORWARD_LONG_ROWS[:] = BACKWARD_LONG_ROWS[:] = parse_long_rows(args.long_rows)
     min_rows = [int(v) for v in args.min_rows_per_chunk.split(",") if v] or [None]

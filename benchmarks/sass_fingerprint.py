@@ -85,6 +85,8 @@ def variants():
 
 def main() -> None:
     for name, kernel, pointers, constexprs, num_warps in variants():
+        if "TAIL_N" in kernel.arg_names:  # trees before the head + tail forward lack it
+            constexprs = dict(constexprs, TAIL_N=constexprs.get("TAIL_N", 0))
         lines, _ = disassemble(compile_for_sm90(kernel, pointers, constexprs, num_warps))
         digest, length = fingerprint(lines)
         print(f"{name:60s} {digest} {length}", flush=True)

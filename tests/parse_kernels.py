@@ -25,11 +25,16 @@ from gatednorm.kernels import backward, forward  # noqa: E402
 
 NO_PDL = dict(LAUNCH_DEPENDENTS=False, WAIT_FOR_PRIOR_GRID=False)
 KERNELS = {
-    "forward_tile": (forward.forward_tile_kernel, dict(BLOCK_ROWS=16, BLOCK_N=128,
+    "forward_tile": (forward.forward_tile_kernel, dict(BLOCK_ROWS=16, BLOCK_N=128, TAIL_N=0,
                                                        STORE_RSTD=True)),
     "forward_row_loop": (forward.forward_row_loop_kernel, dict(BLOCK_ROWS=16, BLOCK_N=128,
-                                                               STORE_RSTD=True,
+                                                               TAIL_N=0, STORE_RSTD=True,
                                                                LOOP_STAGES=2)),
+    # A group held as a head and a tail tile (96 = 64 + 32).
+    "forward_tile_head_tail": (forward.forward_tile_kernel, dict(
+        BLOCK_ROWS=16, BLOCK_N=64, TAIL_N=32, STORE_RSTD=True)),
+    "forward_row_loop_head_tail": (forward.forward_row_loop_kernel, dict(
+        BLOCK_ROWS=16, BLOCK_N=64, TAIL_N=32, STORE_RSTD=True, LOOP_STAGES=2)),
     "forward_long_row": (forward.forward_long_row_kernel, dict(BLOCK_ROWS=1, BLOCK_N=4096,
                                                                STORE_RSTD=True,
                                                                LOOP_STAGES=2)),

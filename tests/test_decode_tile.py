@@ -19,9 +19,9 @@ pytestmark = pytest.mark.usefixtures("decode_tile")
     (128, 2048, 1, LaunchConfig(2, 128, 1, False, 1)),
     # Narrow and partial groups: the same element count per program.
     (64, 10, 1, LaunchConfig(4, 64, 1, False, 1)),
-    (96, 7, 1, LaunchConfig(2, 128, 1, False, 1)),
+    (112, 7, 1, LaunchConfig(2, 128, 1, False, 1)),
     (3, 1, 1, LaunchConfig(64, 4, 1, False, 1)),
-], ids=["d128-32rows", "d128-2048rows", "d64", "d96-partial-tile", "d3"])
+], ids=["d128-32rows", "d128-2048rows", "d64", "d112-partial-tile", "d3"])
 def test_few_rows_take_the_decode_tile(group_size, rows, num_groups, expected):
     table = config.forward_config(group_size)
     assert config.few_rows_forward_config(table, rows, num_groups) == expected
@@ -48,9 +48,9 @@ def test_zero_turns_the_decode_tile_off(monkeypatch):
 @pytest.mark.usefixtures("interpreter")
 @pytest.mark.parametrize("shape, group_size, options", [
     ((1, 32, 128), None, dict(rounding="te")),
-    ((3, 5, 96), None, dict(rounding="hf", activation="sigmoid")),
+    ((3, 5, 112), None, dict(rounding="hf", activation="sigmoid")),
     ((4, 256), 64, dict(rounding="fp32", norm_before_gate=False, zero_centered_gamma=True)),
-], ids=["decode-d128-te", "d96-hf-sigmoid", "groups64-gate-first-fp32"])
+], ids=["decode-d128-te", "d112-hf-sigmoid", "groups64-gate-first-fp32"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_decode_tile_gives_the_table_tiles_bits(monkeypatch, shape, group_size, options, dtype):
     x = torch.randn(shape).to(dtype)

@@ -48,7 +48,7 @@ def test_row_loop_matches_the_tile_kernel(monkeypatch, layout, d, group_size, no
 
     def with_stages(stages):
         # The table's tiles at one prefetch depth: 1 runs the one-tile kernel, 2 the row loop.
-        for name in ("FORWARD_TILES", "FORWARD_PARTIAL_TILES"):
+        for name in ("FORWARD_TILES", "FORWARD_PARTIAL_TILES", "FORWARD_SPLIT_TILES"):
             monkeypatch.setattr(config, name, {width: (rows, warps, stages) for width, (
                 rows, warps, _) in getattr(config, name).items()})
 

@@ -45,17 +45,22 @@ def test_tiles_cover_the_group(group_size):
     for launch in (config.forward_config(group_size), config.backward_config(group_size)):
         if launch.long_row:
             assert launch.block_rows == 1 and group_size > launch.block_n
+        elif launch.tail_n:  # a head and a tail tile (forward only)
+            assert launch.block_n < group_size <= launch.block_n + launch.tail_n
+            assert launch is not config.backward_config(group_size)
         else:
             assert launch.block_n == triton.next_power_of_2(group_size)
         assert launch.loop_stages >= 1
 
 
-@pytest.mark.parametrize("group_size", [640, 768, 1000])
+@pytest.mark.parametrize("group_size", [640, 768, 900, 1000])
 def test_groups_filling_part_of_their_tile_take_the_partial_tile_entry(group_size):
     block_n = triton.next_power_of_2(group_size)
+    # The forward holds a group that fits a head and a tail tile that way (variant 40).
+    forward_partial = (config.FORWARD_SPLIT_TILES if config.head_and_tail(group_size)
+                       else config.FORWARD_PARTIAL_TILES)
     for tuned, partial, whole in (
-            (config.forward_config(group_size), config.FORWARD_PARTIAL_TILES,
-             config.FORWARD_TILES),
+            (config.forward_config(group_size), forward_partial, config.FORWARD_TILES),
             (config.backward_config(group_size), config.BACKWARD_PARTIAL_TILES,
              config.BACKWARD_TILES)):
         # A width without a partial entry takes the whole tile's (the backward's 1024 since
@@ -89,7 +94,8 @@ def test_backward_tiles_take_their_program_target(group_size, expected):
 @pytest.mark.parametrize("group_size, target", [
     (8192, config.FORWARD_TILE_TARGET_PROGRAMS[8192]),
     (5000, config.FORWARD_PARTIAL_TILE_TARGET_PROGRAMS[8192]),
-    (96, config.FORWARD_TARGET_PROGRAMS), (640, config.FORWARD_TARGET_PROGRAMS)])
+    (96, config.FORWARD_TARGET_PROGRAMS), (192, config.FORWARD_TARGET_PROGRAMS),
+    (1000, config.FORWARD_TARGET_PROGRAMS)])
 def test_forward_row_loops_take_their_program_target(group_size, target):
     tile = config.forward_config(group_size)
     assert tile.loop_stages > 1 and not tile.long_row  # a row-loop entry of the table

@@ -46,6 +46,20 @@ BACKWARD_TILES = {
 # against 67.6 at 4096 tokens (launch-sweep-v9, two rounds each); so no backward entry is left.
 FORWARD_PARTIAL_TILES = {128: (16, 4, 3), 256: (8, 4, 3), 1024: (2, 2, 3)}
 BACKWARD_PARTIAL_TILES: dict[int, tuple[int, int, int]] = {}
+# Partial groups held as a head and a tail tile (variant 40, head_and_tail: 640 = 512 + 128,
+# 96 = 64 + 32, 192 = 128 + 64), keyed by the padded width; (block_rows, num_warps,
+# loop_stages) with block_rows x (head + tail) elements a tile. Overrides FORWARD_PARTIAL_TILES
+# where it applies: no lane holds padding, 20-35 % fewer instructions an element. Cold sweeps,
+# two rounds each (h200-2026-12-03-launch-sweep-v11-fwd-split-*), against the padded entries:
+#   Mamba2 (640 = 512 + 128, gate first): one row, one warp, the one-tile kernel 63.6-63.8 us
+#     against 74.3-74.5 for the padded row loop (4096 tokens: 34.4 against 40.4). The split
+#     row loop was slower (77-82 us): with its tiles read from shared memory Triton computes
+#     the head a second time in the tail's layout (offline SASS: 707 loop instructions
+#     against 521 without the prefetch).
+#   D = 96 (64 + 32): 16 x 96, 4 warps, row loop 78.3-78.4 us against 81.3-81.4 (32 x 8 warps
+#     78.1; the one-tile kernel 81.4-88).
+#   D = 192 (128 + 64): 16 x 192, 8 warps, row loop 76.7 us against 80.5 (8 x 4 warps 78.1).
+FORWARD_SPLIT_TILES = {128: (16, 4, 3), 256: (16, 8, 3), 1024: (1, 1, 1)}
 # Long rows: (block_n, num_warps, loop_stages) of the looped forward kernel, and of the
 # one-row tile of the backward's two launches over blocks of block_n columns of a group
 # (variant 28). Cold, L2-cold timings at D = 16384 / 32768 (h200-2026-12-03-ab-13-long-row-
@@ -174,11 +188,27 @@ class LaunchConfig:
     # Tiles with a measured program count of their own (forward_target_programs of a row
     # loop, backward_target_programs); None: FORWARD_ / BACKWARD_TARGET_PROGRAMS.
     target_programs: int | None = None
+    # Forward only: the group is held as block_n columns and a tail of tail_n more (both
+    # powers of two) instead of one tile padded to the next power of two; 0: no tail.
+    tail_n: int = 0
+
+
+def head_and_tail(group_size: int) -> tuple[int, int] | None:
+    """(head, tail) widths, powers of two, of a group held as two tiles side by side: half
+    its padded width, then the rest rounded up. None where that is no narrower than the
+    padded tile by a quarter or more (the rest is over a quarter of the padded width), and
+    for powers of two."""
+    block_n = triton.next_power_of_2(group_size)
+    head = block_n // 2
+    if group_size == block_n or group_size - head > head // 2:
+        return None
+    return head, triton.next_power_of_2(group_size - head)
 
 
 def _tile_config(group_size: int, tiles: dict, partial_tiles: dict,
                  long_row: tuple[int, int, int], targets: dict | None = None,
-                 partial_targets: dict | None = None) -> LaunchConfig:
+                 partial_targets: dict | None = None,
+                 split_tiles: dict | None = None) -> LaunchConfig:
     block_n = triton.next_power_of_2(group_size)
     if block_n > max(tiles):
         return LaunchConfig(1, long_row[0], long_row[1], True, long_row[2])
@@ -187,6 +217,11 @@ def _tile_config(group_size: int, tiles: dict, partial_tiles: dict,
         rows, warps, stages = tiles[min(tiles)]
         return LaunchConfig(rows * min(tiles) // block_n, block_n, warps, False, stages)
     partial = group_size != block_n
+    split = head_and_tail(group_size) if block_n in (split_tiles or {}) else None
+    if split is not None:
+        rows, warps, stages = split_tiles[block_n]
+        return LaunchConfig(rows, split[0], warps, False, stages,
+                            (partial_targets or {}).get(block_n), tail_n=split[1])
     if partial and block_n in partial_tiles:
         rows, warps, stages = partial_tiles[block_n]
     else:
@@ -198,15 +233,17 @@ def _tile_config(group_size: int, tiles: dict, partial_tiles: dict,
 def forward_config(group_size: int) -> LaunchConfig:
     """Forward tile for one group size (the same element count for every dtype)."""
     return _tile_config(group_size, FORWARD_TILES, FORWARD_PARTIAL_TILES, FORWARD_LONG_ROW,
-                        FORWARD_TILE_TARGET_PROGRAMS, FORWARD_PARTIAL_TILE_TARGET_PROGRAMS)
+                        FORWARD_TILE_TARGET_PROGRAMS, FORWARD_PARTIAL_TILE_TARGET_PROGRAMS,
+                        FORWARD_SPLIT_TILES)
 
 
 def few_rows_forward_config(config: LaunchConfig, rows: int, num_groups: int) -> LaunchConfig:
     """``config``, or the one-warp decode tile when ``config`` would start fewer than
     FORWARD_FEW_PROGRAMS programs over ``rows`` x ``num_groups`` (tiles up to 128 wide, where
-    it was measured). ``rows`` must be a concrete int: under torch.compile with a symbolic row
+    it was measured; not a group held as head + tail, whose reduction order depends on the
+    tile's rows and warps, so another tile could change y's bits). ``rows`` must be a concrete int: under torch.compile with a symbolic row
     count the caller keeps the table's tile instead of guarding on the count."""
-    if (config.long_row or config.block_n > 128
+    if (config.long_row or config.block_n > 128 or config.tail_n
             or triton.cdiv(rows, config.block_rows) * num_groups >= FORWARD_FEW_PROGRAMS):
         return config
     return LaunchConfig(max(1, FEW_ROWS_TILE_ELEMENTS // config.block_n), config.block_n, 1,
@@ -226,7 +263,8 @@ def fit_shared_memory(config: LaunchConfig, loaded_bytes_per_element: int,
     loads (``loaded_bytes_per_element`` summed over those tensors). The table was tuned on
     16-bit inputs; fp32 inputs double the buffers, and a kernel over the limit would fail to
     launch. Prefetching changes no result."""
-    prefetch_bytes = ((config.loop_stages - 1) * config.block_rows * config.block_n
+    prefetch_bytes = ((config.loop_stages - 1) * config.block_rows
+                      * (config.block_n + config.tail_n)
                       * loaded_bytes_per_element)
     if config.loop_stages > 1 and prefetch_bytes + SHARED_MEMORY_RESERVE > shared_memory_bytes:
         return replace(config, loop_stages=1)
@@ -284,7 +322,7 @@ def forward_tile_store(config: LaunchConfig, x_dtype: torch.dtype, activation: s
                        leading_dims: int, store_rstd: bool,
                        traceable: bool) -> tuple[bool, bool]:
     """(rstd by PTX, shared rows) of a forward tile kernel launch (FORWARD_TILE_STORE)."""
-    if not store_rstd or traceable:
+    if not store_rstd or traceable or config.tail_n:
         return False, False
     return FORWARD_TILE_STORE.get((config.block_n, x_dtype, activation, leading_dims > 1),
                                   (False, False))

@@ -4,6 +4,10 @@ Rows are the flattened leading dims of x (up to three collapsed dims with arbitr
 each row holds ``num_groups`` groups of ``group_size`` contiguous elements, normalized apart.
 RSTD (fp32, one per row and group) is stored only for a backward (STORE_RSTD).
 Program ``pid`` owns group ``pid % num_groups`` of rows ``[pid // num_groups * BLOCK_ROWS, +BLOCK_ROWS)``.
+
+A group that is not a power of two may be held as two power-of-two tiles side by side, a head
+of BLOCK_N columns and a tail of TAIL_N (640 = 512 + 128, 96 = 64 + 32), instead of one tile
+padded to the next power of two (TAIL_N = 0): no lane then holds padding.
 """
 
 import triton
@@ -33,15 +37,29 @@ RUNTIME_INTS = [
 
 
 @triton.jit
-def tile_statistics(x, g, group_size, eps, X_DTYPE: tl.constexpr, ACTIVATION: tl.constexpr,
-                    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr):
-    """(act, h, rstd) of a [rows, BLOCK_N] tile holding whole groups: act(gate), the tensor
-    the statistics are taken over, and each row's 1 / sqrt(mean(h^2) + eps)."""
+def gated_tile(x, g, X_DTYPE: tl.constexpr, ACTIVATION: tl.constexpr,
+               NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr):
+    """(act, h) of a tile: act(gate), and the tensor the statistics are taken over."""
     act, _ = activation_and_slope(g, ACTIVATION)
     h = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING)
-    mean_square = tl.sum(h * h, axis=1) / group_size  # [rows]
-    rstd = 1.0 / tl.sqrt(mean_square + eps)
-    return act, h, rstd
+    return act, h
+
+
+@triton.jit
+def load_tail(X, GATE, W, x_rows, g_rows, row_mask, group_offset, group_size,
+              BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+              ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
+              NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr):
+    """(cols, mask, act, h, gamma) of a tile's tail: columns [BLOCK_N, BLOCK_N + TAIL_N) of
+    its rows' groups."""
+    cols = BLOCK_N + tl.arange(0, TAIL_N)
+    col_mask = cols < group_size
+    mask = row_mask[:, None] & col_mask[None, :]
+    x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    gamma = load_gamma(W, group_offset + cols, col_mask, HAS_WEIGHT, ZERO_CENTERED)
+    act, h = gated_tile(x, g, X.dtype.element_ty, ACTIVATION, NORM_BEFORE_GATE, ROUNDING)
+    return cols, mask, act, h, gamma
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
@@ -53,13 +71,14 @@ def forward_tile_kernel(
     stride_y0, stride_y1, stride_y2,
     group_size, num_groups, eps,
     LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
     NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
     STORE_RSTD: tl.constexpr, RSTD_BY_PTX: tl.constexpr,
     GATE_ROWS_AS_X: tl.constexpr, Y_ROWS_AS_X: tl.constexpr,
 ):
-    """A [BLOCK_ROWS, BLOCK_N] tile holds whole groups: one load, one reduction, one store.
+    """A [BLOCK_ROWS, BLOCK_N] tile (and a [BLOCK_ROWS, TAIL_N] tail) holds whole groups:
+    one load, one reduction, one store.
 
     rstd = 1 / sqrt(mean(h^2) + eps),  h = x  or  x * act(gate)
     y    = forward_output(h * rstd, act(gate), gamma)
@@ -86,8 +105,14 @@ def forward_tile_kernel(
     g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     gamma = load_gamma(W, group_offset + cols, col_mask, HAS_WEIGHT, ZERO_CENTERED)  # [BLOCK_N]
 
-    act, h, rstd = tile_statistics(x, g, group_size, eps, X.dtype.element_ty, ACTIVATION,
-                                   NORM_BEFORE_GATE, ROUNDING)
+    act, h = gated_tile(x, g, X.dtype.element_ty, ACTIVATION, NORM_BEFORE_GATE, ROUNDING)
+    sum_square = tl.sum(h * h, axis=1)  # [BLOCK_ROWS]
+    if TAIL_N > 0:
+        tail_cols, tail_mask, tail_act, tail_h, tail_gamma = load_tail(
+            X, GATE, W, x_rows, g_rows, row_mask, group_offset, group_size, BLOCK_N, TAIL_N,
+            HAS_WEIGHT, ZERO_CENTERED, ACTIVATION, NORM_BEFORE_GATE, ROUNDING)
+        sum_square += tl.sum(tail_h * tail_h, axis=1)
+    rstd = 1.0 / tl.sqrt(sum_square / group_size + eps)
     rstd_pointers = RSTD + rows_idx.to(tl.int64) * num_groups + group
     if STORE_RSTD and RSTD_BY_PTX:
         # Before y, so that its pointers and values are not held across y's math.
@@ -95,6 +120,11 @@ def forward_tile_kernel(
     y = forward_output(h * rstd[:, None], act, gamma, X.dtype.element_ty, WEIGHT_PRODUCT_ROUNDED,
                        HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
     tl.store(Y + y_rows[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    if TAIL_N > 0:
+        tail_y = forward_output(tail_h * rstd[:, None], tail_act, tail_gamma, X.dtype.element_ty,
+                                WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
+        tl.store(Y + y_rows[:, None] + tail_cols[None, :], tail_y.to(Y.dtype.element_ty),
+                 mask=tail_mask)
     if STORE_RSTD and not RSTD_BY_PTX:
         tl.store(rstd_pointers, rstd, mask=row_mask)
 
@@ -108,7 +138,7 @@ def forward_row_loop_kernel(
     stride_y0, stride_y1, stride_y2,
     group_size, num_groups, rows_per_chunk, eps,
     LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
     NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
     STORE_RSTD: tl.constexpr, LOOP_STAGES: tl.constexpr,
@@ -144,11 +174,23 @@ def forward_row_loop_kernel(
 
         x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        act, h, rstd = tile_statistics(x, g, group_size, eps, X.dtype.element_ty, ACTIVATION,
-                                       NORM_BEFORE_GATE, ROUNDING)
+        act, h = gated_tile(x, g, X.dtype.element_ty, ACTIVATION, NORM_BEFORE_GATE, ROUNDING)
+        sum_square = tl.sum(h * h, axis=1)  # [BLOCK_ROWS]
+        if TAIL_N > 0:
+            tail_cols, tail_mask, tail_act, tail_h, tail_gamma = load_tail(
+                X, GATE, W, x_rows, g_rows, row_mask, group_offset, group_size, BLOCK_N, TAIL_N,
+                HAS_WEIGHT, ZERO_CENTERED, ACTIVATION, NORM_BEFORE_GATE, ROUNDING)
+            sum_square += tl.sum(tail_h * tail_h, axis=1)
+        rstd = 1.0 / tl.sqrt(sum_square / group_size + eps)
         y = forward_output(h * rstd[:, None], act, gamma, X.dtype.element_ty,
                            WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
         tl.store(Y + y_rows[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+        if TAIL_N > 0:
+            tail_y = forward_output(tail_h * rstd[:, None], tail_act, tail_gamma,
+                                    X.dtype.element_ty, WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT,
+                                    NORM_BEFORE_GATE, ROUNDING)
+            tl.store(Y + y_rows[:, None] + tail_cols[None, :], tail_y.to(Y.dtype.element_ty),
+                     mask=tail_mask)
         if STORE_RSTD:
             tl.store(RSTD + rows_idx * num_groups + group, rstd, mask=row_mask)
 

@@ -179,6 +179,8 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
                      norm_before_gate, rounding)
         meta["STORE_RSTD"] = store_rstd
         layout_args = _layout_args(layout) + (group_size, num_groups)
+        if not config.long_row:
+            meta["TAIL_N"] = config.tail_n
         if config.long_row:
             kernel = forward_long_row_kernel
             grid = (layout.rows * num_groups,)

@@ -130,6 +130,10 @@ REALISTIC_CASES = (
          "projection"),
     Case("full-width-fp32-w32", FULL_WIDTH,
          Options("fp32", norm_before_gate=False, weight="fp32"), BF16, 1024, "projection"),
+    # Mamba2's groups of 640: the forward holds each as a 512 head and a 128 tail tile.
+    Case("mamba2-te", FULL_WIDTH, Options("te", norm_before_gate=False), BF16, 640,
+         "projection"),
+    Case("mamba2-hf-fp16", FULL_WIDTH, Options("hf", norm_before_gate=False), FP16, 640),
     Case("bshd-permuted-te", (4, 2048, 32, 128), Options("te"), layout="permuted"),
     Case("long-row-65536-te", (64, 65536), Options("te")),
     Case("long-row-65536-gate-first-fp32", (64, 65536),

@@ -60,15 +60,19 @@ CASES = (
     Case("long rows d20000 rows40", (40, 20000), Options("te")),
     Case("long rows 2 groups of 20000 gate-first", (2, 40000),
          Options("hf", norm_before_gate=False, weight="fp32", zero_centered=True), BF16, 20000),
-    # Forward row loop (a partial 256 tile): chunks of three 8-row tiles, the last chunk short.
+    # Forward row loop of a group held as a 128 head and a 64 tail: 16-row tiles, chunks of
+    # several, the last chunk short.
     Case("row loop d192 rows70001 sliced gate", (70001, 192),
          Options("te", activation="sigmoid"), layout="projection"),
+    # Groups of 640 held as a 512 head and a 128 tail in the one-tile kernel (Mamba2).
+    Case("head + tail tile 2 groups of 640 gate-first", (37, 1280),
+         Options("te", norm_before_gate=False), BF16, 640),
 )
 # Run with the decode tile on (config.few_rows_forward_config); CASES run without it, since
 # their small shapes would otherwise all take it and leave the table's tiles unsanitized.
 DECODE_CASES = (
     Case("decode tile 1x32x128 sliced gate", (1, 32, 128), Options("te"), layout="projection"),
-    Case("decode tile d96 rows5 gate-first", (5, 96), Options("hf", norm_before_gate=False)),
+    Case("decode tile d112 rows5 gate-first", (5, 112), Options("hf", norm_before_gate=False)),
 )
 
 

@@ -101,9 +101,9 @@ def test_inference_forward_matches_training_forward(case):
 @pytest.mark.parametrize("shape, group_size, layout", [
     ((1, 32, 128), None, "projection"),   # one decode token of a 32-head GDN layer
     ((64, 32, 128), None, "contiguous"),  # 2048 rows: the largest count the rule takes
-    ((4, 2, 96), None, "projection"),     # a partial tile (the table runs the row loop)
+    ((4, 2, 112), None, "projection"),    # a padded partial tile (the table runs the row loop)
     ((5, 256), 64, "contiguous"),         # groups of 64 in one row
-], ids=["1x32x128-sliced", "64x32x128", "4x2x96-sliced", "5x256-groups64"])
+], ids=["1x32x128-sliced", "64x32x128", "4x2x112-sliced", "5x256-groups64"])
 def test_decode_tile_keeps_the_table_tiles_bits(monkeypatch, shape, group_size, layout,
                                                 options, dtypes):
     """Decode-size forwards take a one-warp tile (config.few_rows_forward_config): y must keep

@@ -1,0 +1,182 @@
+"""The forward of a group held as a head and a tail tile (config.head_and_tail: 640 = 512 + 128,
+96 = 64 + 32) instead of one tile padded to the next power of two: which groups split, which
+table entry they take, and the same accuracy and bits as the padded tile's contract."""
+
+import pytest
+import torch
+
+import gatednorm
+from gatednorm.kernels import config, forward as forward_kernels, launch
+from gatednorm.kernels.config import LaunchConfig
+
+from conftest import (
+    assert_finite,
+    assert_matches_composite,
+    assert_three_way,
+    composite,
+    dtype_id,
+    fp64_truth,
+    fused,
+    make_inputs,
+    rows_of,
+)
+
+
+@pytest.mark.parametrize("group_size, expected", [
+    (640, (512, 128)), (96, (64, 32)), (192, (128, 64)), (80, (64, 16)), (48, (32, 16)),
+    (520, (512, 8)), (513, (512, 1)),
+    # The rest over a quarter of the padded width: no narrower than the padded tile by much.
+    (112, None), (1000, None), (769, None),
+    # Powers of two need no tail.
+    (128, None), (1024, None), (1, None),
+], ids=lambda v: str(v))
+def test_head_and_tail_widths(group_size, expected):
+    assert config.head_and_tail(group_size) == expected
+    if expected is not None:
+        head, tail = expected
+        assert head + tail >= group_size > head and tail <= head // 2
+
+
+def test_split_entries_replace_the_padded_partial_tile(monkeypatch):
+    monkeypatch.setattr(config, "FORWARD_SPLIT_TILES", {1024: (2, 2, 3)})
+    monkeypatch.setattr(config, "FORWARD_PARTIAL_TILES", {1024: (4, 4, 3)})
+    monkeypatch.setattr(config, "FORWARD_PARTIAL_TILE_TARGET_PROGRAMS", {1024: 999})
+    assert config.forward_config(640) == LaunchConfig(2, 512, 2, False, 3, 999, tail_n=128)
+    # A group whose rest needs a 512 tail keeps the padded partial tile...
+    assert config.forward_config(900) == LaunchConfig(4, 1024, 4, False, 3, 999)
+    # ...and so does a width without a split entry, and a whole tile.
+    assert config.forward_config(96).tail_n == 0
+    assert config.forward_config(1024).tail_n == 0
+
+
+def test_fit_shared_memory_counts_the_tail(monkeypatch):
+    split = LaunchConfig(2, 512, 2, False, 3, tail_n=128)
+    # Two prefetched tiles of 2 x 640 elements at 4 bytes an element (x and gate in 16 bits):
+    # 10240 bytes; the 512 head alone would be 8192.
+    fits = config.SHARED_MEMORY_RESERVE + 10240
+    assert config.fit_shared_memory(split, 4, fits) == split
+    assert config.fit_shared_memory(split, 4, fits - 1).loop_stages == 1
+
+
+@pytest.mark.usefixtures("decode_tile")
+@pytest.mark.parametrize("group_size", [96, 80, 160])
+def test_split_groups_keep_their_table_tile_at_decode_sizes(group_size):
+    """The decode tile is not taken by a group held as head + tail: its reduction's lanes
+    depend on the tile's rows and warps (GPU: rstd bits differ between split tiles), and the
+    decode tile must give the table tile's bits."""
+    table = config.forward_config(group_size)
+    assert table.tail_n
+    assert config.few_rows_forward_config(table, 1, 1) == table
+
+
+def test_split_tiles_take_no_tile_store_entry():
+    """FORWARD_TILE_STORE's entries were measured on whole tiles of their width; a split
+    tile's head has that width (96's head is 64) but another kernel schedule."""
+    split = config.forward_config(96)
+    assert split.block_n == 64 and split.tail_n
+    assert config.forward_tile_store(split, torch.bfloat16, "silu", 1, True, False) == (
+        False, False)
+    assert config.forward_tile_store(config.forward_config(64), torch.bfloat16, "silu", 1,
+                                      True, False) == (True, True)
+
+
+# (shape, group_size, norm_before_gate): rows not a multiple of any tile height.
+SPLIT_SHAPES = [
+    pytest.param((2, 25, 96), None, True, id="d96"),
+    pytest.param((37, 192), None, True, id="d192"),
+    pytest.param((3, 13, 1280), 640, False, id="groups640-gate_first"),
+    pytest.param((50, 160), 80, False, id="groups80-gate_first"),
+    pytest.param((41, 520), None, True, id="d520-tail8"),
+]
+OPTIONS = [
+    pytest.param(dict(rounding="te"), True, id="te-silu-weight"),
+    pytest.param(dict(rounding="hf", activation="sigmoid"), True, id="hf-sigmoid-weight"),
+    pytest.param(dict(rounding="fp32", zero_centered_gamma=True), True, id="fp32-zero_centered"),
+    pytest.param(dict(rounding="te"), False, id="te-no_weight"),
+]
+
+
+def _split_table(monkeypatch, stages: int) -> None:
+    """Every padded width the shapes above use held as head + tail, at ``stages`` (1: the
+    one-tile kernel, 2: the row loop)."""
+    monkeypatch.setattr(config, "FORWARD_SPLIT_TILES", {
+        128: (4, 2, stages), 256: (4, 2, stages), 1024: (2, 2, stages)})
+    launch._PLANS.clear()
+
+
+def _launched_tails(monkeypatch) -> list:
+    """(kernel, TAIL_N) of every forward launch built from now on."""
+    launched = []
+    original = launch.CachedLaunch
+
+    def recording(kernel, meta):
+        launched.append((kernel, meta.get("TAIL_N")))
+        return original(kernel, meta)
+
+    monkeypatch.setattr(launch, "CachedLaunch", recording)
+    return launched
+
+
+@pytest.mark.usefixtures("interpreter")
+@pytest.mark.parametrize("stages", [1, 2], ids=["tile", "row_loop"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=dtype_id)
+@pytest.mark.parametrize("options, has_weight", OPTIONS)
+@pytest.mark.parametrize("shape, group_size, norm_before_gate", SPLIT_SHAPES)
+def test_split_forward_is_as_accurate_as_the_composite(monkeypatch, shape, group_size,
+                                                       norm_before_gate, options, has_weight,
+                                                       dtype, stages):
+    _split_table(monkeypatch, stages)
+    launched = _launched_tails(monkeypatch)
+    options = dict(options, group_size=group_size, norm_before_gate=norm_before_gate)
+    x, gate, weight, dy = make_inputs(shape, dtype, has_weight=has_weight,
+                                      zero_centered_gamma=options.get("zero_centered_gamma",
+                                                                      False))
+    kernel = fused(x, gate, weight, dy, **options)
+    head, tail = config.head_and_tail(group_size or shape[-1])
+    forward_launches = [(k, t) for k, t in launched if k in (
+        forward_kernels.forward_tile_kernel, forward_kernels.forward_row_loop_kernel)]
+    # fp32 inputs keep the one-tile kernel (launch.forward), with the tail all the same.
+    expected_kernel = (forward_kernels.forward_row_loop_kernel
+                       if stages > 1 and dtype != torch.float32
+                       else forward_kernels.forward_tile_kernel)
+    assert forward_launches == [(expected_kernel, tail)]
+    assert_finite(kernel)
+    assert_three_way(kernel, composite(x, gate, weight, dy, **options),
+                     fp64_truth(x, gate, weight, dy, **options), rows_of(shape))
+    assert_matches_composite(kernel, composite(x, gate, weight, dy, **options), dtype)
+
+
+@pytest.mark.usefixtures("interpreter")
+@pytest.mark.parametrize("shape, group_size, norm_before_gate", SPLIT_SHAPES)
+def test_split_row_loop_and_tile_kernel_give_the_same_bits(monkeypatch, shape, group_size,
+                                                           norm_before_gate):
+    """The row loop and the one-tile kernel do the same arithmetic per tile, tail included;
+    so do the training forward (rstd stored) and the inference one."""
+    x, gate, weight, _ = make_inputs(shape, torch.float16)
+    options = dict(group_size=group_size, norm_before_gate=norm_before_gate, rounding="te")
+    outputs = {}
+    for stages in (1, 2):
+        _split_table(monkeypatch, stages)
+        with torch.no_grad():
+            outputs[stages, "inference"] = gatednorm.rms_norm_gated(x, gate, weight, **options)
+        outputs[stages, "training"] = gatednorm.rms_norm_gated(
+            x, gate, weight.requires_grad_(), **options).detach()
+        weight = weight.detach()
+    first = outputs[1, "inference"]
+    for key, y in outputs.items():
+        assert torch.equal(y, first), key
+
+
+@pytest.mark.usefixtures("interpreter")
+def test_split_rstd_feeds_the_padded_backward(monkeypatch):
+    """The backward keeps the padded tile and reads the forward's rstd: gradients of a split
+    forward equal those of a padded one wherever the two rstd agree (here: all, fp16)."""
+    shape, options = (3, 13, 1280), dict(group_size=640, norm_before_gate=False, rounding="te")
+    x, gate, weight, dy = make_inputs(shape, torch.float16)
+    monkeypatch.setattr(config, "FORWARD_SPLIT_TILES", {})
+    launch._PLANS.clear()
+    padded = fused(x, gate, weight, dy, **options)
+    _split_table(monkeypatch, 2)
+    split = fused(x, gate, weight, dy, **options)
+    for (name, a), (_, b) in zip(split.named(), padded.named()):
+        assert torch.equal(a, b), name
