@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--no-ptx", action="store_true",
                         help="forward: store rstd with tl.store (as under torch.compile)")
     parser.add_argument("--tail-n", type=int, default=0,
-                        help="forward: a tail tile of this many columns after --block-n "
+                        help="a tail tile of this many columns after --block-n "
                              "(a group held as head + tail, config.head_and_tail)")
     parser.add_argument("--row-loop", action="store_true",
                         help="forward: the row-loop kernel (prefetching --stages deep)")
@@ -124,7 +124,7 @@ def main() -> None:
         compiled = compile_for_sm90(
             backward.backward_tile_kernel, pointers,
             dict(flags, BLOCK_ROWS=args.block_rows or 4, BLOCK_N=args.block_n,
-                 LOOP_STAGES=args.stages, GATE_ROWS_AS_X=gate_as_x, DY_ROWS_AS_X=as_x,
+                 TAIL_N=args.tail_n, LOOP_STAGES=args.stages, GATE_ROWS_AS_X=gate_as_x, DY_ROWS_AS_X=as_x,
                  DX_ROWS_AS_X=as_x, DGATE_ROWS_AS_X=as_x, SPLIT_PASS=args.split_pass,
                  DOT_BLOCKS=4 if args.split_pass else 1, LAUNCH_DEPENDENTS=False,
                  WAIT_FOR_PRIOR_GRID=False), args.warps or 1)

@@ -104,6 +104,7 @@ BACKWARD_TILES = {
 # Groups held as a head and a tail tile (config.head_and_tail), keyed by the padded width;
 # (rows, warps) as the other tables. Empty unless --forward-split asks.
 FORWARD_SPLIT_TILES: dict[int, list[tuple[int, int]]] = {}
+BACKWARD_SPLIT_TILES: dict[int, list[tuple[int, int]]] = {}
 FORWARD_LONG_ROWS = [(2048, 8), (4096, 8), (4096, 16)]
 # The backward's column blocks of a long row (one-row tiles, two launches).
 BACKWARD_LONG_ROWS = [(1024, 4), (2048, 4), (2048, 8), (4096, 8)]
@@ -134,20 +135,24 @@ def _candidates(shape: Shape, tiles: dict, library_tiles: dict, long_rows: list,
 def forward_candidates(shape: Shape, stages, tile_stages=(1,)) -> list[LaunchConfig]:
     """Tile candidates at each of ``tile_stages`` (1: the one-tile kernel; more: the row-loop
     kernel, prefetching that deep); long rows at each of ``stages``."""
-    candidates = _candidates(shape, FORWARD_TILES, config_module.FORWARD_TILES,
-                             FORWARD_LONG_ROWS, tile_stages, stages)
+    return (_candidates(shape, FORWARD_TILES, config_module.FORWARD_TILES, FORWARD_LONG_ROWS,
+                        tile_stages, stages)
+            + _split_candidates(shape, FORWARD_SPLIT_TILES, tile_stages))
+
+
+def _split_candidates(shape: Shape, split_tiles: dict, stages) -> list[LaunchConfig]:
     split = config_module.head_and_tail(shape.group_size)
-    if split is not None:
-        head, tail = split
-        candidates += [LaunchConfig(rows, head, warps, False, s, tail_n=tail)
-                       for rows, warps in FORWARD_SPLIT_TILES.get(2 * head, [])
-                       for s in tile_stages]
-    return candidates
+    if split is None:
+        return []
+    head, tail = split
+    return [LaunchConfig(rows, head, warps, False, s, tail_n=tail)
+            for rows, warps in split_tiles.get(2 * head, []) for s in stages]
 
 
 def backward_candidates(shape: Shape, stages) -> list[LaunchConfig]:
-    return _candidates(shape, BACKWARD_TILES, config_module.BACKWARD_TILES, BACKWARD_LONG_ROWS,
-                       stages, stages)
+    return (_candidates(shape, BACKWARD_TILES, config_module.BACKWARD_TILES,
+                        BACKWARD_LONG_ROWS, stages, stages)
+            + _split_candidates(shape, BACKWARD_SPLIT_TILES, stages))
 
 
 def parse_long_rows(text: str) -> list[tuple[int, int]]:
@@ -322,6 +327,9 @@ def main() -> None:
     parser.add_argument("--forward-split", default="",
                         help='forward candidates holding a group as head + tail tiles, by '
                              'padded width, e.g. "1024=1x1,2x2;128=16x4" (rows x warps)')
+    parser.add_argument("--backward-split", default="",
+                        help="backward candidates holding a group as head + tail tiles, as "
+                             "--forward-split")
     parser.add_argument("--backward-tiles", default="",
                         help='replace candidates per tile width, e.g. "128=4x1,8x1"')
     parser.add_argument("--min-rows-per-chunk", default="",
@@ -342,6 +350,7 @@ def main() -> None:
     FORWARD_TILES.update(parse_tiles(args.forward_tiles))
     BACKWARD_TILES.update(parse_tiles(args.backward_tiles))
     FORWARD_SPLIT_TILES.update(parse_tiles(args.forward_split))
+    BACKWARD_SPLIT_TILES.update(parse_tiles(args.backward_split))
     if args.long_rows:
         FORWARD_LONG_ROWS[:] = BACKWARD_LONG_ROWS[:] = parse_long_rows(args.long_rows)
     min_rows = [int(v) for v in args.min_rows_per_chunk.split(",") if v] or [None]

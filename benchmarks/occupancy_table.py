@@ -51,7 +51,7 @@ def launches(group_size: int, norm_before_gate: bool):
     flags = dict(LEADING_DIMS=1, ROW_ALIGN=8, HAS_WEIGHT=True, ZERO_CENTERED=False,
                  ACTIVATION=0, NORM_BEFORE_GATE=norm_before_gate, ROUNDING=0,
                  WEIGHT_PRODUCT_ROUNDED=False, BLOCK_ROWS=tile.block_rows,
-                 BLOCK_N=tile.block_n, LOOP_STAGES=tile.loop_stages,
+                 BLOCK_N=tile.block_n, TAIL_N=tile.tail_n, LOOP_STAGES=tile.loop_stages,
                  GATE_ROWS_AS_X=share, DY_ROWS_AS_X=share, DX_ROWS_AS_X=share,
                  DGATE_ROWS_AS_X=share, LAUNCH_DEPENDENTS=False)
     target = config.backward_target_programs(tile)
@@ -79,7 +79,8 @@ def main() -> None:
                 registers = int(usage.split("REG:")[1].split()[0])
                 shared = compiled.metadata.shared
                 fit = programs_per_sm(registers, shared, num_warps)
-                tile = f"{constexprs['BLOCK_ROWS']}x{constexprs['BLOCK_N']}"
+                tile = f"{constexprs['BLOCK_ROWS']}x{constexprs['BLOCK_N']}" + (
+                    f"+{constexprs['TAIL_N']}" if constexprs["TAIL_N"] else "")
                 order = "norm first" if norm_before_gate else "gate first"
                 print(f"{group_size:>6} {order:10} {name:11} {tile:>9} {num_warps:>5} "
                       f"{constexprs['LOOP_STAGES']:>6} {registers:>4} {shared:>6} {fit:>6} "

@@ -38,20 +38,26 @@ KERNELS = {
     "forward_long_row": (forward.forward_long_row_kernel, dict(BLOCK_ROWS=1, BLOCK_N=4096,
                                                                STORE_RSTD=True,
                                                                LOOP_STAGES=2)),
-    "backward_tile": (backward.backward_tile_kernel, dict(BLOCK_ROWS=4, BLOCK_N=128,
+    "backward_tile": (backward.backward_tile_kernel, dict(BLOCK_ROWS=4, BLOCK_N=128, TAIL_N=0,
                                                           LOOP_STAGES=3, SPLIT_PASS=0,
                                                           DOT_BLOCKS=1, **NO_PDL)),
+    # A group held as a head and a tail tile (96 = 64 + 32).
+    "backward_tile_head_tail": (backward.backward_tile_kernel, dict(
+        BLOCK_ROWS=4, BLOCK_N=64, TAIL_N=32, LOOP_STAGES=3, SPLIT_PASS=0, DOT_BLOCKS=1,
+        **NO_PDL)),
     # Eager launches on sm_90+: programmatic dependent launch between the backward's launches.
     "backward_tile_pdl": (backward.backward_tile_kernel, dict(
-        BLOCK_ROWS=4, BLOCK_N=128, LOOP_STAGES=3, SPLIT_PASS=0, DOT_BLOCKS=1,
+        BLOCK_ROWS=4, BLOCK_N=128, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=0, DOT_BLOCKS=1,
         LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=False)),
     # A group cut into column blocks: the row dot products, then dx and dgate.
     "backward_split_row_dots": (backward.backward_tile_kernel, dict(
-        BLOCK_ROWS=1, BLOCK_N=2048, LOOP_STAGES=3, SPLIT_PASS=1, DOT_BLOCKS=16, **NO_PDL)),
+        BLOCK_ROWS=1, BLOCK_N=2048, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=1, DOT_BLOCKS=16,
+        **NO_PDL)),
     "backward_split_input_grads": (backward.backward_tile_kernel, dict(
-        BLOCK_ROWS=1, BLOCK_N=2048, LOOP_STAGES=3, SPLIT_PASS=2, DOT_BLOCKS=16, **NO_PDL)),
+        BLOCK_ROWS=1, BLOCK_N=2048, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=2, DOT_BLOCKS=16,
+        **NO_PDL)),
     "backward_split_input_grads_pdl": (backward.backward_tile_kernel, dict(
-        BLOCK_ROWS=1, BLOCK_N=2048, LOOP_STAGES=3, SPLIT_PASS=2, DOT_BLOCKS=16,
+        BLOCK_ROWS=1, BLOCK_N=2048, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=2, DOT_BLOCKS=16,
         LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=True)),
     "dweight_reduce": (backward.dweight_reduce_kernel, dict(BLOCK_CHUNKS=128, BLOCK_COLS=32,
                                                             **NO_PDL)),

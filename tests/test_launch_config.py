@@ -6,7 +6,7 @@ import triton
 from gatednorm.kernels import config
 
 H200_SHARED_MEMORY = 232448
-GROUP_SIZES = [3, 64, 96, 128, 640, 1024, 2048, 4096, 5000, 8192, 9000, 16384, 20000, 65536]
+GROUP_SIZES = [3, 64, 96, 128, 192, 640, 1024, 2048, 4096, 5000, 8192, 9000, 16384, 20000, 65536]
 
 
 def _prefetch_bytes(launch, loaded_bytes_per_element):
@@ -45,9 +45,8 @@ def test_tiles_cover_the_group(group_size):
     for launch in (config.forward_config(group_size), config.backward_config(group_size)):
         if launch.long_row:
             assert launch.block_rows == 1 and group_size > launch.block_n
-        elif launch.tail_n:  # a head and a tail tile (forward only)
+        elif launch.tail_n:  # a head and a tail tile (config.head_and_tail)
             assert launch.block_n < group_size <= launch.block_n + launch.tail_n
-            assert launch is not config.backward_config(group_size)
         else:
             assert launch.block_n == triton.next_power_of_2(group_size)
         assert launch.loop_stages >= 1
@@ -76,13 +75,13 @@ def test_groups_filling_part_of_their_tile_take_the_partial_tile_entry(group_siz
     (1024, config.BACKWARD_TILE_TARGET_PROGRAMS[1024]),
     (640, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[1024]),
     (96, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[128]),
-    (192, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[256]),
+    (192, config.BACKWARD_SPLIT_TILES[256][3]),
     (256, config.BACKWARD_TARGET_PROGRAMS), (512, config.BACKWARD_TILE_TARGET_PROGRAMS[512]),
     (4096, config.BACKWARD_TILE_TARGET_PROGRAMS[4096]),
     (5000, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[8192]),
     (8192, config.BACKWARD_TILE_TARGET_PROGRAMS[8192]), (20000, config.BACKWARD_TARGET_PROGRAMS),
 ], ids=["d128", "d2048", "d1024-own-target", "d640-partial-own-target",
-        "d96-partial-own-target", "d192-partial-own-target", "d256", "d512", "d4096",
+        "d96-partial-own-target", "d192-split-own-target", "d256", "d512", "d4096",
         "d5000-partial", "d8192", "long-row"])
 def test_backward_tiles_take_their_program_target(group_size, expected):
     tile = config.backward_config(group_size)

@@ -56,8 +56,8 @@ def backward_tile_kernel(
     stride_dgate0, stride_dgate1, stride_dgate2,
     group_size, num_groups, column_blocks, rows_per_chunk, weight_size,
     LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_STAGES: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr,
+    LOOP_STAGES: tl.constexpr, HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
     NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
     GATE_ROWS_AS_X: tl.constexpr, DY_ROWS_AS_X: tl.constexpr, DX_ROWS_AS_X: tl.constexpr,
     DGATE_ROWS_AS_X: tl.constexpr, SPLIT_PASS: tl.constexpr, DOT_BLOCKS: tl.constexpr,
@@ -105,6 +105,12 @@ def backward_tile_kernel(
 
     gamma = load_gamma(W, group_offset + cols, col_mask, HAS_WEIGHT, ZERO_CENTERED)  # [BLOCK_N]
     dweight = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if TAIL_N > 0:  # whole groups only: columns [BLOCK_N, BLOCK_N + TAIL_N) of each group
+        tail_cols = BLOCK_N + tl.arange(0, TAIL_N)
+        tail_col_mask = tail_cols < group_size
+        tail_gamma = load_gamma(W, group_offset + tail_cols, tail_col_mask, HAS_WEIGHT,
+                                ZERO_CENTERED)
+        tail_dweight = tl.zeros([TAIL_N], dtype=tl.float32)
 
     chunk_start = chunk.to(tl.int64) * rows_per_chunk
     tile_rows = tl.arange(0, BLOCK_ROWS)
@@ -181,12 +187,29 @@ def backward_tile_kernel(
         grad_hhat, dweight_term, dgate = backward_pointwise(
             act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE, WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT,
             NORM_BEFORE_GATE, ROUNDING)
+        if TAIL_N > 0:
+            tail_mask = row_mask[:, None] & tail_col_mask[None, :]
+            tail_x = tl.load(X + x_rows[:, None] + tail_cols[None, :], mask=tail_mask,
+                             other=0.0).to(tl.float32)
+            tail_g = tl.load(GATE + g_rows[:, None] + tail_cols[None, :], mask=tail_mask,
+                             other=0.0).to(tl.float32)
+            tail_dy = tl.load(DY + dy_rows[:, None] + tail_cols[None, :], mask=tail_mask,
+                              other=0.0).to(tl.float32)
+            tail_act, tail_slope = activation_and_slope(tail_g, ACTIVATION)
+            tail_h_hat = gated_input(tail_x, tail_act, X_DTYPE, NORM_BEFORE_GATE,
+                                     ROUNDING) * rstd[:, None]
+            tail_grad_hhat, tail_dweight_term, tail_dgate = backward_pointwise(
+                tail_act, tail_slope, tail_dy, tail_h_hat, tail_gamma, X_DTYPE, G_DTYPE,
+                WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
         if SPLIT_PASS == ROW_DOTS_PASS:
             tl.store(ROW_DOTS + rows_idx * column_blocks + column_block,
                      tl.sum(grad_hhat * h_hat, axis=1), mask=row_mask)
         else:
             if SPLIT_PASS == WHOLE_GROUPS:
-                mean_term = tl.sum(grad_hhat * h_hat, axis=1) / group_size  # [BLOCK_ROWS]
+                row_dot = tl.sum(grad_hhat * h_hat, axis=1)  # [BLOCK_ROWS]
+                if TAIL_N > 0:
+                    row_dot += tl.sum(tail_grad_hhat * tail_h_hat, axis=1)
+                mean_term = row_dot / group_size
             else:
                 blocks = tl.arange(0, DOT_BLOCKS)
                 dots = tl.load(
@@ -203,6 +226,17 @@ def backward_tile_kernel(
                      dgate.to(DGATE.dtype.element_ty), mask=mask)
             if HAS_WEIGHT:
                 dweight += tl.sum(tl.where(mask, dweight_term, 0.0), axis=0)
+            if TAIL_N > 0:
+                tail_grad_h = rstd[:, None] * (tail_grad_hhat - tail_h_hat * mean_term[:, None])
+                tail_dx, tail_dgate = backward_inputs(tail_x, tail_grad_h, tail_act,
+                                                      tail_slope, tail_dgate, X_DTYPE, G_DTYPE,
+                                                      NORM_BEFORE_GATE, ROUNDING)
+                tl.store(DX + dx_rows[:, None] + tail_cols[None, :],
+                         tail_dx.to(DX.dtype.element_ty), mask=tail_mask)
+                tl.store(DGATE + dgate_rows[:, None] + tail_cols[None, :],
+                         tail_dgate.to(DGATE.dtype.element_ty), mask=tail_mask)
+                if HAS_WEIGHT:
+                    tail_dweight += tl.sum(tl.where(tail_mask, tail_dweight_term, 0.0), axis=0)
 
         if LEADING_DIMS == 2:  # the next tile's row offsets
             inner += inner_step
@@ -217,6 +251,9 @@ def backward_tile_kernel(
     if HAS_WEIGHT and SPLIT_PASS != ROW_DOTS_PASS:
         tl.store(DW_PARTIAL + chunk.to(tl.int64) * weight_size + group_offset + cols, dweight,
                  mask=col_mask)
+        if TAIL_N > 0:
+            tl.store(DW_PARTIAL + chunk.to(tl.int64) * weight_size + group_offset + tail_cols,
+                     tail_dweight, mask=tail_col_mask)
 
 
 @triton.jit(do_not_specialize=["num_chunks"])

@@ -46,6 +46,15 @@ BACKWARD_TILES = {
 # against 67.6 at 4096 tokens (launch-sweep-v9, two rounds each); so no backward entry is left.
 FORWARD_PARTIAL_TILES = {128: (16, 4, 3), 256: (8, 4, 3), 1024: (2, 2, 3)}
 BACKWARD_PARTIAL_TILES: dict[int, tuple[int, int, int]] = {}
+# The backward's head + tail entries (variant 41), as FORWARD_SPLIT_TILES, with a fourth
+# element where the tile has a program count of its own (else the partial tile's count).
+# Cold sweeps, two rounds (h200-2026-12-03-launch-sweep-v12-bwd-split-*), adopted only over
+# 3 % in both: D = 192 (128 + 64) four rows, one warp, 2112 programs 137.2 / 138.9 us against
+# 148.0 / 148.1 for the padded 4 x 256 tile at its 1584 (two rows at 1056: 139.0 / 139.2).
+# Not adopted: Mamba2 (640) one row, one warp at 1056 121.5 / 121.6 against 123.9 (2 %; the
+# split tile's cp.async prefetch makes Triton recompute the head in the tail's layout, as in
+# the forward's row loop), D = 96 eight rows, one warp at 2112 139.3 / 139.4 against 140.4.
+BACKWARD_SPLIT_TILES: dict[int, tuple[int, ...]] = {256: (4, 1, 3, 2112)}
 # Partial groups held as a head and a tail tile (variant 40, head_and_tail: 640 = 512 + 128,
 # 96 = 64 + 32, 192 = 128 + 64), keyed by the padded width; (block_rows, num_warps,
 # loop_stages) with block_rows x (head + tail) elements a tile. Overrides FORWARD_PARTIAL_TILES
@@ -166,8 +175,9 @@ FORWARD_TILE_STORE = {  # -> (rstd by PTX, shared rows)
 # (ab-10, ab-11; "own" = each tensor its own offsets, as before): bf16 Mamba2 134.5 against
 # 140.5 us own, D = 256 147.9 / 156.8, D = 64 142.8 / 147.0, D = 96 158.3 / 161.0, GDN 1-2 %,
 # fp32 GDN 182.0 / 185.9; fp16 equal or better. One-row tiles measured 2-7 % slower with it
-# (D = 4096: ptxas spilled), and so did D = 192 (192 of a 256 tile): 165.2 against 146.5 us
-# in bf16, 145.2 / 139.7 in fp16; both keep their own offsets. (Same-kernel repeats in these
+# (D = 4096: ptxas spilled), and so did D = 192 on the padded 256 tile: 165.2 against 146.5
+# us in bf16, 145.2 / 139.7 in fp16; both keep their own offsets. (D = 192 now takes a head +
+# tail tile, which shares them: that is how variant 41 measured it.) (Same-kernel repeats in these
 # files differ by up to 1 %, and once 3 %: smaller differences are not counted.)
 BACKWARD_PARTIAL_OWN_ROWS = {256}
 
@@ -219,9 +229,11 @@ def _tile_config(group_size: int, tiles: dict, partial_tiles: dict,
     partial = group_size != block_n
     split = head_and_tail(group_size) if block_n in (split_tiles or {}) else None
     if split is not None:
-        rows, warps, stages = split_tiles[block_n]
+        # (rows, warps, stages), or with a program count of its own as a fourth element.
+        rows, warps, stages, *target = split_tiles[block_n]
         return LaunchConfig(rows, split[0], warps, False, stages,
-                            (partial_targets or {}).get(block_n), tail_n=split[1])
+                            target[0] if target else (partial_targets or {}).get(block_n),
+                            tail_n=split[1])
     if partial and block_n in partial_tiles:
         rows, warps, stages = partial_tiles[block_n]
     else:
@@ -253,7 +265,8 @@ def few_rows_forward_config(config: LaunchConfig, rows: int, num_groups: int) ->
 def backward_config(group_size: int) -> LaunchConfig:
     """Backward tile for one group size."""
     return _tile_config(group_size, BACKWARD_TILES, BACKWARD_PARTIAL_TILES, BACKWARD_LONG_ROW,
-                        BACKWARD_TILE_TARGET_PROGRAMS, BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS)
+                        BACKWARD_TILE_TARGET_PROGRAMS, BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS,
+                        BACKWARD_SPLIT_TILES)
 
 
 def fit_shared_memory(config: LaunchConfig, loaded_bytes_per_element: int,

@@ -99,7 +99,8 @@ def _meta(layout: RowLayout, config, x_dtype: torch.dtype, weight, zero_centered
           activation: str, norm_before_gate: bool, rounding: str) -> dict:
     return dict(
         LEADING_DIMS=layout.leading_dims, ROW_ALIGN=layout.row_align,
-        BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n, LOOP_STAGES=config.loop_stages,
+        BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n, TAIL_N=config.tail_n,
+        LOOP_STAGES=config.loop_stages,
         HAS_WEIGHT=weight is not None, ZERO_CENTERED=zero_centered_gamma,
         ACTIVATION=ACTIVATION_FLAG[activation], NORM_BEFORE_GATE=norm_before_gate,
         ROUNDING=ROUNDING_FLAG[rounding],
@@ -179,10 +180,9 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
                      norm_before_gate, rounding)
         meta["STORE_RSTD"] = store_rstd
         layout_args = _layout_args(layout) + (group_size, num_groups)
-        if not config.long_row:
-            meta["TAIL_N"] = config.tail_n
         if config.long_row:
             kernel = forward_long_row_kernel
+            del meta["TAIL_N"]  # the long-row kernel loops over block_n-wide chunks
             grid = (layout.rows * num_groups,)
         elif config.loop_stages > 1:
             kernel = forward_row_loop_kernel
@@ -301,8 +301,10 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
         config = backward_config(group_size)
         config = fit_shared_memory(config, x.element_size() + gate.element_size()
                                    + dy.element_size(), shared_memory_bytes(x.device))
-        # A group wider than the tile is cut into blocks of block_n columns (two launches).
-        column_blocks = num_groups * triton.cdiv(group_size, config.block_n)
+        # A group wider than the tile is cut into blocks of block_n columns (two launches);
+        # a tile holds whole groups otherwise (its tail_n columns too).
+        column_blocks = num_groups * (triton.cdiv(group_size, config.block_n)
+                                      if config.long_row else 1)
         rows_per_chunk, num_chunks = backward_chunking(layout.rows, column_blocks,
                                                        config.block_rows,
                                                        backward_target_programs(config))

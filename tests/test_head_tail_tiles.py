@@ -1,12 +1,14 @@
-"""The forward of a group held as a head and a tail tile (config.head_and_tail: 640 = 512 + 128,
-96 = 64 + 32) instead of one tile padded to the next power of two: which groups split, which
-table entry they take, and the same accuracy and bits as the padded tile's contract."""
+"""Groups held as a head and a tail tile (config.head_and_tail: 640 = 512 + 128, 96 = 64 + 32)
+instead of one tile padded to the next power of two, forward and backward: which groups
+split, which table entry they take, and the same accuracy and bits as the padded tile's
+contract."""
 
 import pytest
 import torch
 
 import gatednorm
 from gatednorm.kernels import config, forward as forward_kernels, launch
+from gatednorm.kernels.backward import backward_tile_kernel
 from gatednorm.kernels.config import LaunchConfig
 
 from conftest import (
@@ -47,6 +49,16 @@ def test_split_entries_replace_the_padded_partial_tile(monkeypatch):
     # ...and so does a width without a split entry, and a whole tile.
     assert config.forward_config(96).tail_n == 0
     assert config.forward_config(1024).tail_n == 0
+
+
+def test_backward_split_entries_carry_their_program_count(monkeypatch):
+    # The shipped entry: D = 192 as 128 + 64, four rows, one warp, its own count.
+    assert config.backward_config(192) == LaunchConfig(4, 128, 1, False, 3, 2112, tail_n=64)
+    # Widths without a backward entry keep the padded tile and the partial count.
+    assert config.backward_config(640).tail_n == 0 and config.backward_config(96).tail_n == 0
+    monkeypatch.setattr(config, "BACKWARD_SPLIT_TILES", {1024: (2, 2, 3)})
+    assert config.backward_config(640) == LaunchConfig(
+        2, 512, 2, False, 3, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[1024], tail_n=128)
 
 
 def test_fit_shared_memory_counts_the_tail(monkeypatch):
@@ -96,11 +108,15 @@ OPTIONS = [
 ]
 
 
-def _split_table(monkeypatch, stages: int) -> None:
-    """Every padded width the shapes above use held as head + tail, at ``stages`` (1: the
-    one-tile kernel, 2: the row loop)."""
+def _split_table(monkeypatch, stages: int, backward: bool = True) -> None:
+    """Every padded width the shapes above use held as head + tail, at ``stages`` (forward
+    1: the one-tile kernel, 2: the row loop; the backward's loop prefetches stages + 1 deep),
+    in the backward too unless ``backward`` is False."""
     monkeypatch.setattr(config, "FORWARD_SPLIT_TILES", {
         128: (4, 2, stages), 256: (4, 2, stages), 1024: (2, 2, stages)})
+    monkeypatch.setattr(config, "BACKWARD_SPLIT_TILES", {
+        128: (4, 1, stages + 1), 256: (2, 2, stages + 1), 1024: (2, 2, stages + 1)}
+        if backward else {})
     launch._PLANS.clear()
 
 
@@ -135,6 +151,7 @@ def test_split_forward_is_as_accurate_as_the_composite(monkeypatch, shape, group
     head, tail = config.head_and_tail(group_size or shape[-1])
     forward_launches = [(k, t) for k, t in launched if k in (
         forward_kernels.forward_tile_kernel, forward_kernels.forward_row_loop_kernel)]
+    assert [t for k, t in launched if k is backward_tile_kernel] == [tail]
     # fp32 inputs keep the one-tile kernel (launch.forward), with the tail all the same.
     expected_kernel = (forward_kernels.forward_row_loop_kernel
                        if stages > 1 and dtype != torch.float32
@@ -174,9 +191,10 @@ def test_split_rstd_feeds_the_padded_backward(monkeypatch):
     shape, options = (3, 13, 1280), dict(group_size=640, norm_before_gate=False, rounding="te")
     x, gate, weight, dy = make_inputs(shape, torch.float16)
     monkeypatch.setattr(config, "FORWARD_SPLIT_TILES", {})
+    monkeypatch.setattr(config, "BACKWARD_SPLIT_TILES", {})
     launch._PLANS.clear()
     padded = fused(x, gate, weight, dy, **options)
-    _split_table(monkeypatch, 2)
+    _split_table(monkeypatch, 2, backward=False)
     split = fused(x, gate, weight, dy, **options)
     for (name, a), (_, b) in zip(split.named(), padded.named()):
         assert torch.equal(a, b), name
