@@ -75,6 +75,10 @@ def backward_tile_kernel(
     with the whole GPU's parallelism, where one program walking a long row's columns twice
     serializes each row on a few warps.
 
+    TAIL_N > 0 (whole groups only): a group is held as BLOCK_N columns and a tail tile of
+    TAIL_N more (config.head_and_tail: 192 = 128 + 64), not one padded power-of-two tile;
+    the row's dot product adds both tiles' sums, and each tile writes its own columns.
+
     A tensor whose row strides equal x's (*_ROWS_AS_X, set by the launcher) is addressed
     with x's row offsets.
 
