@@ -124,8 +124,9 @@ def main() -> None:
         compiled = compile_for_sm90(
             backward.backward_tile_kernel, pointers,
             dict(flags, BLOCK_ROWS=args.block_rows or 4, BLOCK_N=args.block_n,
-                 TAIL_N=args.tail_n, LOOP_STAGES=args.stages, GATE_ROWS_AS_X=gate_as_x, DY_ROWS_AS_X=as_x,
-                 DX_ROWS_AS_X=as_x, DGATE_ROWS_AS_X=as_x, SPLIT_PASS=args.split_pass,
+                 TAIL_N=args.tail_n, LOOP_STAGES=args.stages, GATE_ROWS_AS_X=gate_as_x,
+                 DY_ROWS_AS_X=as_x, DX_ROWS_AS_X=as_x, DGATE_ROWS_AS_X=as_x,
+                 SPLIT_PASS=args.split_pass,
                  DOT_BLOCKS=4 if args.split_pass else 1, LAUNCH_DEPENDENTS=False,
                  WAIT_FOR_PRIOR_GRID=False), args.warps or 1)
     else:

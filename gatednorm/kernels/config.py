@@ -198,8 +198,8 @@ class LaunchConfig:
     # Tiles with a measured program count of their own (forward_target_programs of a row
     # loop, backward_target_programs); None: FORWARD_ / BACKWARD_TARGET_PROGRAMS.
     target_programs: int | None = None
-    # Forward only: the group is held as block_n columns and a tail of tail_n more (both
-    # powers of two) instead of one tile padded to the next power of two; 0: no tail.
+    # The group is held as block_n columns and a tail of tail_n more (both powers of two)
+    # instead of one tile padded to the next power of two (head_and_tail); 0: no tail.
     tail_n: int = 0
 
 
@@ -253,8 +253,9 @@ def few_rows_forward_config(config: LaunchConfig, rows: int, num_groups: int) ->
     """``config``, or the one-warp decode tile when ``config`` would start fewer than
     FORWARD_FEW_PROGRAMS programs over ``rows`` x ``num_groups`` (tiles up to 128 wide, where
     it was measured; not a group held as head + tail, whose reduction order depends on the
-    tile's rows and warps, so another tile could change y's bits). ``rows`` must be a concrete int: under torch.compile with a symbolic row
-    count the caller keeps the table's tile instead of guarding on the count."""
+    tile's rows and warps, so another tile could change y's bits). ``rows`` must be a
+    concrete int: under torch.compile with a symbolic row count the caller keeps the table's
+    tile instead of guarding on the count."""
     if (config.long_row or config.block_n > 128 or config.tail_n
             or triton.cdiv(rows, config.block_rows) * num_groups >= FORWARD_FEW_PROGRAMS):
         return config
