@@ -62,6 +62,16 @@ def load_tail(X, GATE, W, x_rows, g_rows, row_mask, group_offset, group_size,
     return cols, mask, act, h, gamma
 
 
+@triton.jit
+def store_tail(Y, y_rows, cols, mask, h, rstd, act, gamma, X_DTYPE: tl.constexpr,
+               WEIGHT_PRODUCT_ROUNDED: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+               NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr):
+    """y of a tile's tail (load_tail's cols, mask, act, h, gamma), from its rows' rstd."""
+    y = forward_output(h * rstd[:, None], act, gamma, X_DTYPE, WEIGHT_PRODUCT_ROUNDED,
+                       HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
+    tl.store(Y + y_rows[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
 @triton.jit(do_not_specialize=RUNTIME_INTS)
 def forward_tile_kernel(
     X, GATE, W, Y, RSTD,
@@ -121,10 +131,9 @@ def forward_tile_kernel(
                        HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
     tl.store(Y + y_rows[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     if TAIL_N > 0:
-        tail_y = forward_output(tail_h * rstd[:, None], tail_act, tail_gamma, X.dtype.element_ty,
-                                WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
-        tl.store(Y + y_rows[:, None] + tail_cols[None, :], tail_y.to(Y.dtype.element_ty),
-                 mask=tail_mask)
+        store_tail(Y, y_rows, tail_cols, tail_mask, tail_h, rstd, tail_act, tail_gamma,
+                   X.dtype.element_ty, WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT, NORM_BEFORE_GATE,
+                   ROUNDING)
     if STORE_RSTD and not RSTD_BY_PTX:
         tl.store(rstd_pointers, rstd, mask=row_mask)
 
@@ -186,11 +195,9 @@ def forward_row_loop_kernel(
                            WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
         tl.store(Y + y_rows[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
         if TAIL_N > 0:
-            tail_y = forward_output(tail_h * rstd[:, None], tail_act, tail_gamma,
-                                    X.dtype.element_ty, WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT,
-                                    NORM_BEFORE_GATE, ROUNDING)
-            tl.store(Y + y_rows[:, None] + tail_cols[None, :], tail_y.to(Y.dtype.element_ty),
-                     mask=tail_mask)
+            store_tail(Y, y_rows, tail_cols, tail_mask, tail_h, rstd, tail_act, tail_gamma,
+                       X.dtype.element_ty, WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT,
+                       NORM_BEFORE_GATE, ROUNDING)
         if STORE_RSTD:
             tl.store(RSTD + rows_idx * num_groups + group, rstd, mask=row_mask)
 
