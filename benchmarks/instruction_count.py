@@ -110,10 +110,13 @@ def main() -> None:
     parser.add_argument("--split-pass", type=int, default=0, choices=(0, 1, 2),
                         help="backward: 0 whole groups, 1 row dot products, 2 dx / dgate of "
                              "a group cut into column blocks (backward.SPLIT_PASS)")
+    parser.add_argument("--vector-elements", type=int, default=8, choices=(1, 2, 4, 8),
+                        help="the ROW_ALIGN hint: loads and stores this many elements wide "
+                             "(LaunchConfig.max_vector_elements)")
     parser.add_argument("--dump", help="write the counted SASS lines here")
     args = parser.parse_args()
 
-    flags = dict(LEADING_DIMS=args.leading_dims, ROW_ALIGN=8, HAS_WEIGHT=True,
+    flags = dict(LEADING_DIMS=args.leading_dims, ROW_ALIGN=args.vector_elements, HAS_WEIGHT=True,
                  ZERO_CENTERED=False, ACTIVATION=0, NORM_BEFORE_GATE=not args.gate_first,
                  ROUNDING=args.rounding, WEIGHT_PRODUCT_ROUNDED=args.rounding == 2)
     as_x = not args.separate_rows

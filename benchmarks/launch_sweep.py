@@ -78,6 +78,14 @@ SHAPES = {
     # (chosen at 8192 tokens) hold at another row count.
     "nemotronh4096": Shape("nemotronh4096", 4096, 8192, 1024, False),
     "mamba2x4096": Shape("mamba2x4096", 4096, 5120, 640, False),
+    # The D = 64 and 256 sweep points at a quarter of their rows: whether a tile chosen at the
+    # benchmark's size holds at another.
+    "d64-196608r": Shape("d64-196608r", 196608, 64, 64, True),
+    "d256-49152r": Shape("d256-49152r", 49152, 256, 256, True),
+    "d64-262144r": Shape("d64-262144r", 262144, 64, 64, True),
+    "d32-393216r": Shape("d32-393216r", 393216, 32, 32, True),
+    # A group that fills part of the 256 tile without a head + tail split (224 = 256 - 32).
+    "d224": Shape("d224", 1 << 18, 224, 224, True),
 }
 
 # Candidate (block_rows, num_warps) per power-of-two tile width, and long-row candidates
@@ -102,20 +110,27 @@ BACKWARD_TILES = {
     8192: [(1, 8), (1, 16)],
 }
 # Groups held as a head and a tail tile (config.head_and_tail), keyed by the padded width;
-# (rows, warps) as the other tables. Empty unless --forward-split asks.
-FORWARD_SPLIT_TILES: dict[int, list[tuple[int, int]]] = {}
-BACKWARD_SPLIT_TILES: dict[int, list[tuple[int, int]]] = {}
+# (rows, warps, largest vector in elements or 0) as parse_tiles gives. Empty unless
+# --forward-split / --backward-split ask.
+FORWARD_SPLIT_TILES: dict[int, list[tuple[int, int, int]]] = {}
+BACKWARD_SPLIT_TILES: dict[int, list[tuple[int, int, int]]] = {}
 FORWARD_LONG_ROWS = [(2048, 8), (4096, 8), (4096, 16)]
 # The backward's column blocks of a long row (one-row tiles, two launches).
 BACKWARD_LONG_ROWS = [(1024, 4), (2048, 4), (2048, 8), (4096, 8)]
 
 
-def parse_tiles(text: str) -> dict[int, list[tuple[int, int]]]:
-    """``"128=4x1,8x1;1024=1x2"`` -> {128: [(4, 1), (8, 1)], 1024: [(1, 2)]} (rows x warps)."""
+def parse_tiles(text: str) -> dict[int, list[tuple[int, int, int]]]:
+    """``"128=4x1,8x1;1024=1x2v4"`` -> {128: [(4, 1, 0), (8, 1, 0)], 1024: [(1, 2, 4)]}: rows x
+    warps, and after a ``v`` the largest vector in elements (LaunchConfig.max_vector_elements;
+    0, the default: as the rows' alignment allows)."""
     tiles = {}
     for part in filter(None, text.split(";")):
         width, candidates = part.split("=")
-        tiles[int(width)] = [tuple(int(v) for v in c.split("x")) for c in candidates.split(",")]
+        tiles[int(width)] = []
+        for candidate in filter(None, candidates.split(",")):
+            shape, _, vector = candidate.partition("v")
+            rows, warps = (int(v) for v in shape.split("x"))
+            tiles[int(width)].append((rows, warps, int(vector or 0)))
     return tiles
 
 
@@ -124,8 +139,10 @@ def _candidates(shape: Shape, tiles: dict, library_tiles: dict, long_rows: list,
     """Tiles wherever the sweep has candidates (--forward-tiles / --backward-tiles may add
     wider ones than the library's table), long rows wherever that table would use them."""
     block_n = triton.next_power_of_2(shape.group_size)
-    candidates = [LaunchConfig(rows, block_n, warps, False, s)
-                  for rows, warps in tiles.get(block_n, []) for s in tile_stages]
+    # Table entries are (rows, warps), parsed ones (rows, warps, largest vector).
+    candidates = [LaunchConfig(rows, block_n, warps, False, s,
+                               max_vector_elements=vector[0] if vector else 0)
+                  for rows, warps, *vector in tiles.get(block_n, []) for s in tile_stages]
     if block_n > max(library_tiles):
         candidates += [LaunchConfig(1, n, w, True, s) for n, w in long_rows
                        for s in long_row_stages]
@@ -145,8 +162,8 @@ def _split_candidates(shape: Shape, split_tiles: dict, stages) -> list[LaunchCon
     if split is None:
         return []
     head, tail = split
-    return [LaunchConfig(rows, head, warps, False, s, tail_n=tail)
-            for rows, warps in split_tiles.get(2 * head, []) for s in stages]
+    return [LaunchConfig(rows, head, warps, False, s, tail_n=tail, max_vector_elements=vector)
+            for rows, warps, vector in split_tiles.get(2 * head, []) for s in stages]
 
 
 def backward_candidates(shape: Shape, stages) -> list[LaunchConfig]:
@@ -241,7 +258,8 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                      frac_copy=gbps / copy_gbps, **compiled_resources(kernel))
         records.append(entry)
         print(f"{pass_name} {shape.name} rows={config.block_rows} n={config.block_n}"
-              + (f"+{config.tail_n}" if config.tail_n else "") + " "
+              + (f"+{config.tail_n}" if config.tail_n else "")
+              + (f" v{config.max_vector_elements}" if config.max_vector_elements else "") + " "
               f"w={config.num_warps} long={config.long_row} stages={config.loop_stages} "
               f"T={target} min_rows={entry['min_rows_per_chunk']} {ms * 1e3:.1f} us {entry['frac_copy'] * 100:.1f}% "
               f"regs={entry.get('registers')} spills={entry.get('spills')}", flush=True)

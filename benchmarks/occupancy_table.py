@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from instruction_count import compile_for_sm90, disassemble  # noqa: E402
 
 from gatednorm.kernels import backward, config  # noqa: E402
+from gatednorm.kernels.layout import VECTOR_ALIGN  # noqa: E402
 
 GROUP_SIZES = (64, 96, 128, 192, 256, 512, 640, 1024, 2048, 4096, 8192, 20000)
 POINTERS = ({name: "*bf16" for name in ("X", "GATE", "W", "DY", "DX", "DGATE")}
@@ -48,7 +49,9 @@ def launches(group_size: int, norm_before_gate: bool):
     """(pass name, constexprs, num_warps, target programs) of the backward's tile launches."""
     tile = config.backward_config(group_size)
     share = config.shares_row_offsets(tile, 1, group_size)
-    flags = dict(LEADING_DIMS=1, ROW_ALIGN=8, HAS_WEIGHT=True, ZERO_CENTERED=False,
+    # Contiguous 16-bit rows: 16-byte vectors unless the table entry caps them.
+    row_align = min(VECTOR_ALIGN, tile.max_vector_elements or VECTOR_ALIGN)
+    flags = dict(LEADING_DIMS=1, ROW_ALIGN=row_align, HAS_WEIGHT=True, ZERO_CENTERED=False,
                  ACTIVATION=0, NORM_BEFORE_GATE=norm_before_gate, ROUNDING=0,
                  WEIGHT_PRODUCT_ROUNDED=False, BLOCK_ROWS=tile.block_rows,
                  BLOCK_N=tile.block_n, TAIL_N=tile.tail_n, LOOP_STAGES=tile.loop_stages,

@@ -19,6 +19,7 @@ from conftest import (
     dtype_id,
     fp64_truth,
     fused,
+    fused_on_views,
     make_inputs,
     rows_of,
 )
@@ -51,14 +52,58 @@ def test_split_entries_replace_the_padded_partial_tile(monkeypatch):
     assert config.forward_config(1024).tail_n == 0
 
 
-def test_backward_split_entries_carry_their_program_count(monkeypatch):
-    # The shipped entry: D = 192 as 128 + 64, four rows, one warp, its own count.
+def test_backward_split_entries_carry_their_program_count_and_vector_width(monkeypatch):
+    # The shipped entries: D = 192 as 128 + 64, four rows, one warp, its own count; Mamba2's
+    # 640 as 512 + 128, one row, one warp, its own count, 8-byte vectors of 16-bit data.
     assert config.backward_config(192) == LaunchConfig(4, 128, 1, False, 3, 2112, tail_n=64)
+    assert config.backward_config(640) == LaunchConfig(1, 512, 1, False, 3, 1056, tail_n=128,
+                                                       max_vector_elements=4)
     # Widths without a backward entry keep the padded tile and the partial count.
-    assert config.backward_config(640).tail_n == 0 and config.backward_config(96).tail_n == 0
+    assert config.backward_config(96).tail_n == 0
+    partial_target = config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[1024]
     monkeypatch.setattr(config, "BACKWARD_SPLIT_TILES", {1024: (2, 2, 3)})
-    assert config.backward_config(640) == LaunchConfig(
-        2, 512, 2, False, 3, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[1024], tail_n=128)
+    assert config.backward_config(640) == LaunchConfig(2, 512, 2, False, 3, partial_target,
+                                                       tail_n=128)
+    # A vector width without a count of its own: None keeps the partial count.
+    monkeypatch.setattr(config, "BACKWARD_SPLIT_TILES", {1024: (2, 2, 3, None, 2)})
+    assert config.backward_config(640) == LaunchConfig(2, 512, 2, False, 3, partial_target,
+                                                       tail_n=128, max_vector_elements=2)
+
+
+def _launched_row_align(monkeypatch) -> list:
+    """(kernel, ROW_ALIGN) of every launch built from now on."""
+    launched = []
+    original = launch.CachedLaunch
+
+    def recording(kernel, meta):
+        launched.append((kernel, meta.get("ROW_ALIGN")))
+        return original(kernel, meta)
+
+    monkeypatch.setattr(launch, "CachedLaunch", recording)
+    return launched
+
+
+@pytest.mark.usefixtures("interpreter")
+@pytest.mark.parametrize("row_width, forward_align, backward_align", [
+    (1280, 8, 4),  # 16-byte aligned rows: the backward entry caps them at 4 elements
+    (1284, 4, 4),  # rows of a wider buffer start at multiples of 4 elements
+    (1282, 2, 2),  # ... of 2: under the cap, the layout's own alignment
+], ids=["rows_aligned_8", "rows_aligned_4", "rows_aligned_2"])
+def test_launches_take_the_narrower_of_layout_and_table_vector_width(
+        monkeypatch, row_width, forward_align, backward_align):
+    """Mamba2's groups of 640: the shipped backward entry loads 8-byte vectors
+    (max_vector_elements 4), the forward as wide as the rows allow; x and gate are read in
+    place from buffers ``row_width`` wide."""
+    launch._PLANS.clear()
+    launched = _launched_row_align(monkeypatch)
+    x, gate, weight, dy = make_inputs((37, 1280), torch.bfloat16)
+    wide_x, wide_gate = (torch.zeros(37, row_width, dtype=torch.bfloat16) for _ in range(2))
+    wide_x[:, :1280], wide_gate[:, :1280] = x, gate
+    fused_on_views(wide_x[:, :1280], wide_gate[:, :1280], weight, dy, group_size=640,
+                   norm_before_gate=False)
+    forward_launches = [a for k, a in launched if k is forward_kernels.forward_tile_kernel]
+    assert forward_launches == [forward_align]
+    assert [a for k, a in launched if k is backward_tile_kernel] == [backward_align]
 
 
 def test_fit_shared_memory_counts_the_tail(monkeypatch):
@@ -198,3 +243,24 @@ def test_split_rstd_feeds_the_padded_backward(monkeypatch):
     split = fused(x, gate, weight, dy, **options)
     for (name, a), (_, b) in zip(split.named(), padded.named()):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.usefixtures("interpreter")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=dtype_id)
+@pytest.mark.parametrize("options, has_weight", OPTIONS)
+def test_shipped_capped_vector_backward_is_as_accurate_as_the_composite(options, has_weight,
+                                                                        dtype):
+    """The shipped table on Mamba2's groups of 640 (a backward of 8-byte vectors: row offsets
+    stepped in units of 4 elements) against fp64 and the composite."""
+    launch._PLANS.clear()
+    assert config.backward_config(640).max_vector_elements == 4
+    shape = (3, 13, 1280)
+    options = dict(options, group_size=640, norm_before_gate=False)
+    x, gate, weight, dy = make_inputs(shape, dtype, has_weight=has_weight,
+                                      zero_centered_gamma=options.get("zero_centered_gamma",
+                                                                      False))
+    kernel = fused(x, gate, weight, dy, **options)
+    assert_finite(kernel)
+    assert_three_way(kernel, composite(x, gate, weight, dy, **options),
+                     fp64_truth(x, gate, weight, dy, **options), rows_of(shape))
+    assert_matches_composite(kernel, composite(x, gate, weight, dy, **options), dtype)

@@ -58,13 +58,16 @@ def test_groups_filling_part_of_their_tile_take_the_partial_tile_entry(group_siz
     # The forward holds a group that fits a head and a tail tile that way (variant 40).
     forward_partial = (config.FORWARD_SPLIT_TILES if config.head_and_tail(group_size)
                        else config.FORWARD_PARTIAL_TILES)
+    # ... and the backward where its split table has an entry (variants 41, 42).
+    backward_partial = (config.BACKWARD_SPLIT_TILES if config.head_and_tail(group_size)
+                        and block_n in config.BACKWARD_SPLIT_TILES
+                        else config.BACKWARD_PARTIAL_TILES)
     for tuned, partial, whole in (
             (config.forward_config(group_size), forward_partial, config.FORWARD_TILES),
-            (config.backward_config(group_size), config.BACKWARD_PARTIAL_TILES,
-             config.BACKWARD_TILES)):
+            (config.backward_config(group_size), backward_partial, config.BACKWARD_TILES)):
         # A width without a partial entry takes the whole tile's (the backward's 1024 since
         # variant 38); its program count may still be the partial one.
-        rows, warps, stages = partial.get(block_n, whole[block_n])
+        rows, warps, stages = partial.get(block_n, whole[block_n])[:3]
         assert (tuned.block_rows, tuned.num_warps, tuned.loop_stages) == (rows, warps, stages)
     # A full tile of the same width keeps the main table's entry.
     assert config.forward_config(block_n).block_rows == config.FORWARD_TILES[block_n][0]
@@ -73,14 +76,15 @@ def test_groups_filling_part_of_their_tile_take_the_partial_tile_entry(group_siz
 @pytest.mark.parametrize("group_size, expected", [
     (128, config.BACKWARD_TARGET_PROGRAMS), (2048, config.BACKWARD_TARGET_PROGRAMS),
     (1024, config.BACKWARD_TILE_TARGET_PROGRAMS[1024]),
-    (640, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[1024]),
+    (640, config.BACKWARD_SPLIT_TILES[1024][3]),
+    (900, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[1024]),
     (96, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[128]),
     (192, config.BACKWARD_SPLIT_TILES[256][3]),
     (256, config.BACKWARD_TARGET_PROGRAMS), (512, config.BACKWARD_TILE_TARGET_PROGRAMS[512]),
     (4096, config.BACKWARD_TILE_TARGET_PROGRAMS[4096]),
     (5000, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[8192]),
     (8192, config.BACKWARD_TILE_TARGET_PROGRAMS[8192]), (20000, config.BACKWARD_TARGET_PROGRAMS),
-], ids=["d128", "d2048", "d1024-own-target", "d640-partial-own-target",
+], ids=["d128", "d2048", "d1024-own-target", "d640-split-own-target", "d900-partial-own-target",
         "d96-partial-own-target", "d192-split-own-target", "d256", "d512", "d4096",
         "d5000-partial", "d8192", "long-row"])
 def test_backward_tiles_take_their_program_target(group_size, expected):

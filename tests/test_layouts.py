@@ -121,6 +121,39 @@ def test_x_and_gate_in_different_layouts(options):
     _assert_same_as_contiguous(x, gate, weight, dy, **options)
 
 
+@pytest.mark.parametrize("row_width, group_size, expected", [
+    (128, 128, 8), (1280, 640, 8), (100, 100, 4), (1284, 640, 4), (90, 90, 2), (128, 6, 2),
+    (129, 129, 1), (128, 3, 1),
+], ids=lambda v: str(v))
+def test_row_align_is_the_largest_vector_every_row_start_allows(row_width, group_size,
+                                                                 expected):
+    """Rows and groups that start at multiples of 8, 4 or 2 elements get that ROW_ALIGN hint
+    (16-, 8-, 4-byte vectors of 16-bit data), whatever the other tensors' strides allow."""
+    x = torch.zeros(5, 128 * 11)[:, :row_width]
+    gate = torch.zeros(5, 2, 128 * 11)[:, 1, :row_width]
+    described = layout.row_layout([x, gate, x.contiguous()], group_size)
+    assert described.row_align == expected
+
+
+@pytest.mark.parametrize("pad", [4, 2], ids=["rows_aligned_4", "rows_aligned_2"])
+@pytest.mark.parametrize("d, group_size, norm_before_gate", [
+    (128, None, True), (1280, 640, False), (192, None, True)], ids=["d128", "groups640", "d192"])
+def test_rows_aligned_under_16_bytes_are_read_in_place(pad, d, group_size, norm_before_gate):
+    """x and gate inside buffers ``pad`` elements wider than a row: the kernels read them in
+    place with a narrower ROW_ALIGN, bit for bit as contiguous copies."""
+    x, gate, weight, dy = make_inputs((37, d), torch.bfloat16)
+    wide = torch.zeros(2, 37, d + pad, dtype=torch.bfloat16)
+    wide[0, :, :d], wide[1, :, :d] = x, gate
+    x_view, gate_view = wide[0, :, :d], wide[1, :, :d]
+    assert layout.row_layout([x_view, gate_view], group_size or d).row_align == pad
+    plain = _assert_same_as_contiguous(x_view, gate_view, weight, dy, group_size=group_size,
+                                       norm_before_gate=norm_before_gate)
+    assert_three_way(plain, composite(x, gate, weight, dy, group_size=group_size,
+                                      norm_before_gate=norm_before_gate),
+                     fp64_truth(x, gate, weight, dy, group_size=group_size,
+                                norm_before_gate=norm_before_gate), 37)
+
+
 def test_non_unit_last_dim_stride_is_copied_and_right():
     t, d = 23, 48
     x = torch.randn(t, d, 2).half()[..., 0]

@@ -174,8 +174,8 @@ def backward_tile_kernel(
                                         stride_dgate1, stride_dgate2, group_offset,
                                         LEADING_DIMS, ROW_ALIGN, DGATE_ROWS_AS_X)
         else:
-            # The launcher sets ROW_ALIGN to 8 only when every row start is a multiple of 8
-            # elements: 16-byte loads and stores. A tensor addressed like x leaves its own
+            # Every row start is a multiple of ROW_ALIGN elements (row_offsets), so the
+            # loads and stores stay that wide. A tensor addressed like x leaves its own
             # stepped offsets unused (the compiler drops them).
             x_rows = x_units * ROW_ALIGN
             g_rows = x_rows if GATE_ROWS_AS_X else g_units * ROW_ALIGN

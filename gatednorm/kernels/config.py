@@ -31,8 +31,17 @@ FORWARD_TILES = {
     64: (16, 2, 1), 128: (16, 4, 1), 256: (4, 2, 1), 512: (4, 4, 1), 1024: (1, 1, 1),
     2048: (1, 2, 1), 4096: (1, 4, 1), 8192: (1, 8, 3), 16384: (2, 32, 1),
 }
+# The backward's 64 and 256 tiles were swept again with 2-16 rows, 1-2 warps, 3-4 stages and
+# 528-1584 programs (variant 43, cold, two rounds each, h200-2026-12-03-launch-sweep-v13-bwd-
+# tiles-*): D = 256 two rows 177.6 / 177.2 us against 184.0 / 183.9 for four (fp16 176.7 /
+# 177.5 against 195.7 / 193.9; at a quarter of the rows 39.2 against 40.3; D = 224 168.9
+# against 172.6) -> two rows. D = 64 four rows, 4 stages won at the benchmark's 786432 rows
+# (135.5 against 140.9 us) but lost at 262144 and 196608 (50.2 / 39.5 against 49.1 / 38.5),
+# and so did the narrower groups it would carry (D = 32 at 393216 rows 40.0 against 38.7):
+# the 64 tile keeps the 128 tile's rows and stages. The same sweep kept the 128 tile at GDN
+# 4096 x 32 and the 2048 tile (four warps at 1584: 1 %).
 BACKWARD_TILES = {
-    128: (4, 1, 3), 256: (4, 1, 3), 512: (2, 2, 4), 1024: (1, 2, 3), 2048: (1, 2, 3),
+    128: (4, 1, 3), 256: (2, 1, 3), 512: (2, 2, 4), 1024: (1, 2, 3), 2048: (1, 2, 3),
     4096: (1, 8, 4), 8192: (1, 16, 3),
 }
 # Groups that fill only part of their tile (D 96 of 128, 192 of 256, Mamba2's 640 of 1024):
@@ -47,14 +56,23 @@ BACKWARD_TILES = {
 FORWARD_PARTIAL_TILES = {128: (16, 4, 3), 256: (8, 4, 3), 1024: (2, 2, 3)}
 BACKWARD_PARTIAL_TILES: dict[int, tuple[int, int, int]] = {}
 # The backward's head + tail entries (variant 41), as FORWARD_SPLIT_TILES, with a fourth
-# element where the tile has a program count of its own (else the partial tile's count).
+# element where the tile has a program count of its own (else the partial tile's count) and
+# a fifth where its loads are capped at that many elements (LaunchConfig.max_vector_elements).
 # Cold sweeps, two rounds (h200-2026-12-03-launch-sweep-v12-bwd-split-*), adopted only over
 # 3 % in both: D = 192 (128 + 64) four rows, one warp, 2112 programs 137.2 / 138.9 us against
 # 148.0 / 148.1 for the padded 4 x 256 tile at its 1584 (two rows at 1056: 139.0 / 139.2).
-# Not adopted: Mamba2 (640) one row, one warp at 1056 121.5 / 121.6 against 123.9 (2 %; the
-# split tile's cp.async prefetch makes Triton recompute the head in the tail's layout, as in
-# the forward's row loop), D = 96 eight rows, one warp at 2112 139.3 / 139.4 against 140.4.
-BACKWARD_SPLIT_TILES: dict[int, tuple[int, ...]] = {256: (4, 1, 3, 2112)}
+# Mamba2 (640 = 512 + 128), one row, one warp: with 16-byte vectors 120.3 / 120.4 us at 1056
+# against 123.6 / 123.0 for the padded tile at its 792, under 3 % (the split tile's cp.async
+# prefetch makes Triton recompute the head in the tail's layout, as in the forward's row
+# loop); with 8-byte vectors the 128-wide tail on one warp has the head's register layout
+# (variant 42): 118.0 / 117.2 us at 1056 -> adopted; at 4096 tokens 60.2 against 65.3. At
+# 245 registers eight one-warp programs fit an SM, so 1056 is one full wave (792: 122.7,
+# 1584: 131.6; two warps or two rows: 130.5 or slower; launch-sweep-v13-bwd-vec-*).
+# Not adopted: D = 96 eight rows, one warp at 2112 139.3 / 139.4 against 140.4 (narrower
+# vectors only add instructions there: a 32-wide tail matches the head's layout at one element
+# a lane).
+BACKWARD_SPLIT_TILES: dict[int, tuple[int, ...]] = {256: (4, 1, 3, 2112),
+                                                    1024: (1, 1, 3, 1056, 4)}
 # Partial groups held as a head and a tail tile (variant 40, head_and_tail: 640 = 512 + 128,
 # 96 = 64 + 32, 192 = 128 + 64), keyed by the padded width; (block_rows, num_warps,
 # loop_stages) with block_rows x (head + tail) elements a tile. Overrides FORWARD_PARTIAL_TILES
@@ -68,6 +86,9 @@ BACKWARD_SPLIT_TILES: dict[int, tuple[int, ...]] = {256: (4, 1, 3, 2112)}
 #   D = 96 (64 + 32): 16 x 96, 4 warps, row loop 78.3-78.4 us against 81.3-81.4 (32 x 8 warps
 #     78.1; the one-tile kernel 81.4-88).
 #   D = 192 (128 + 64): 16 x 192, 8 warps, row loop 76.7 us against 80.5 (8 x 4 warps 78.1).
+# 8-byte vectors (variant 42, which the backward takes) changed nothing here: Mamba2's one-tile
+# kernel 63.0 / 63.1 us against 63.4 / 63.3; its row loop gained (78 -> 69 us) but stayed
+# slower than the one-tile kernel (launch-sweep-v13-fwd-vec-*).
 FORWARD_SPLIT_TILES = {128: (16, 4, 3), 256: (16, 8, 3), 1024: (1, 1, 1)}
 # Long rows: (block_n, num_warps, loop_stages) of the looped forward kernel, and of the
 # one-row tile of the backward's two launches over blocks of block_n columns of a group
@@ -123,7 +144,10 @@ BACKWARD_TARGET_PROGRAMS = 1056
 #     (144 at 2112), D = 192 148.9 against 171.8 (174 at 2112); fp16 alike (138.5 / 147.5 us
 #     against 149.6 / 153.9).
 # Keeping the default: D = 2048 (179.4 us at 1056 and 396, 191.5 at 528; the four-warp tile
-# 183.2), D = 64, 128 and 256 (1056 best of 528-2112).
+# 183.2), D = 64, 128 and 256 (1056 best of 528-2112; again for the variant-43 tiles among
+# 528-1584, and against each tile's full wave of programs, e.g. 2376 for the 128 tile: 8-17 %
+# slower, launch-sweep-v13-bwd-wave-*). The partial 256 count, measured on the four-row tile,
+# holds for the two-row one (D = 224: 169.3 us at 1584, 168.9 at 1056).
 BACKWARD_TILE_TARGET_PROGRAMS = {512: 1584, 1024: 528, 4096: 132, 8192: 264}
 BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS = {128: 1584, 256: 1584, 1024: 792, 4096: 264, 8192: 264}
 # Programmatic dependent launch (sm_90+, eager launches) between the backward's launches (the
@@ -201,6 +225,11 @@ class LaunchConfig:
     # The group is held as block_n columns and a tail of tail_n more (both powers of two)
     # instead of one tile padded to the next power of two (head_and_tail); 0: no tail.
     tail_n: int = 0
+    # Loads and stores at most this many elements wide (the kernels' ROW_ALIGN hint is capped
+    # to it); 0: as wide as the rows' alignment allows (16 bytes). A narrower vector can give
+    # a head and its tail one register layout, so that Triton adds their per-row sums as they
+    # are instead of computing the head again in the tail's layout (variant 42).
+    max_vector_elements: int = 0
 
 
 def head_and_tail(group_size: int) -> tuple[int, int] | None:
@@ -229,11 +258,14 @@ def _tile_config(group_size: int, tiles: dict, partial_tiles: dict,
     partial = group_size != block_n
     split = head_and_tail(group_size) if block_n in (split_tiles or {}) else None
     if split is not None:
-        # (rows, warps, stages), or with a program count of its own as a fourth element.
-        rows, warps, stages, *target = split_tiles[block_n]
-        return LaunchConfig(rows, split[0], warps, False, stages,
-                            target[0] if target else (partial_targets or {}).get(block_n),
-                            tail_n=split[1])
+        # (rows, warps, stages[, programs[, largest vector]]): a program count of its own
+        # (None: the partial tile's), loads capped at that many elements.
+        rows, warps, stages, *extra = split_tiles[block_n]
+        target = extra[0] if extra else None
+        if target is None:
+            target = (partial_targets or {}).get(block_n)
+        return LaunchConfig(rows, split[0], warps, False, stages, target, tail_n=split[1],
+                            max_vector_elements=extra[1] if len(extra) > 1 else 0)
     if partial and block_n in partial_tiles:
         rows, warps, stages = partial_tiles[block_n]
     else:

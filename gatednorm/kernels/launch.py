@@ -98,7 +98,8 @@ def _cached_plan(key, build):
 def _meta(layout: RowLayout, config, x_dtype: torch.dtype, weight, zero_centered_gamma: bool,
           activation: str, norm_before_gate: bool, rounding: str) -> dict:
     return dict(
-        LEADING_DIMS=layout.leading_dims, ROW_ALIGN=layout.row_align,
+        LEADING_DIMS=layout.leading_dims,
+        ROW_ALIGN=min(layout.row_align, config.max_vector_elements or layout.row_align),
         BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n, TAIL_N=config.tail_n,
         LOOP_STAGES=config.loop_stages,
         HAS_WEIGHT=weight is not None, ZERO_CENTERED=zero_centered_gamma,

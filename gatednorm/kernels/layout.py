@@ -8,6 +8,7 @@ projection output two, and a permuted [B, S, H, D] view at most three.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +22,9 @@ VECTOR_ALIGN = 8
 class RowLayout:
     """rows = size0 * size1 * size2; strides[t] = (stride0, stride1, stride2) of tensor t;
     rows_as_first[t]: tensor t's rows start where the first tensor's do (equal strides), so a
-    kernel may address both with one set of row offsets."""
+    kernel may address both with one set of row offsets; row_align: every row and group starts
+    at a multiple of this many elements (8, 4, 2 or 1: the kernels' ROW_ALIGN hint, so 16-,
+    8-, 4- or 2-byte vectors of a 16-bit dtype)."""
 
     rows: int
     size1: int
@@ -65,15 +68,17 @@ def row_layout(tensors: list[torch.Tensor], group_size: int) -> RowLayout | None
         rows *= size
     strides = tuple(tuple(padded[d][1][t] for d in range(MAX_LEADING_DIMS))
                     for t in range(len(tensors)))
-    offsets_aligned = all(s % VECTOR_ALIGN == 0 for per_tensor in strides for s in per_tensor)
-    # Triton specializes the base pointers' 16-byte alignment itself; only offsets need a hint.
-    offsets_aligned = offsets_aligned and group_size % VECTOR_ALIGN == 0
+    # Every row (and group) starts at a multiple of row_align elements: the largest power of
+    # two up to VECTOR_ALIGN dividing every stride and the group size. Triton specializes the
+    # base pointers' 16-byte alignment itself; only offsets need a hint.
+    row_align = math.gcd(VECTOR_ALIGN, group_size,
+                         *(s for per_tensor in strides for s in per_tensor))
     return RowLayout(
         rows=rows,
         size1=padded[1][0],
         size2=padded[2][0],
         strides=strides,
         leading_dims=leading_dims,
-        row_align=VECTOR_ALIGN if offsets_aligned else 1,
+        row_align=row_align,
         rows_as_first=tuple(bool(per_tensor == strides[0]) for per_tensor in strides),
     )

@@ -121,8 +121,9 @@ def leading_offsets(rows_idx, size1, size2, stride0, stride1, stride2,
 @triton.jit
 def row_offsets(rows_idx, size1, size2, stride0, stride1, stride2, group_offset,
                 LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr):
-    """Element offset (int64) of each row's group, hinted as a multiple of ROW_ALIGN (the
-    launcher sets ROW_ALIGN to 8 only when every row start is: 16-byte loads and stores)."""
+    """Element offset (int64) of each row's group, hinted as a multiple of ROW_ALIGN: every
+    row start is one (layout.row_align, at most 8: 16-byte loads and stores of 16-bit data;
+    a table entry may cap it, LaunchConfig.max_vector_elements)."""
     offsets = leading_offsets(rows_idx, size1, size2, stride0, stride1, stride2,
                               LEADING_DIMS) + group_offset
     return tl.multiple_of(offsets, ROW_ALIGN)

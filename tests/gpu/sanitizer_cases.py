@@ -42,6 +42,8 @@ from helpers import (  # noqa: E402
 
 CASES = (
     Case("tile d128 rows199", (199, 128), Options("te")),
+    # Rows starting at multiples of 4 elements only: 8-byte vectors (layout.row_align 4).
+    Case("tile d100 rows199", (199, 100), Options("te")),
     # 3000 rows: 188 row chunks, so the dweight reduction runs in two levels.
     Case("tile d128 rows3000, two-level dweight reduction", (3000, 128), Options("te")),
     Case("narrow tile d3 rows1", (1, 3), Options("hf", activation="sigmoid", weight="fp32")),
@@ -64,7 +66,8 @@ CASES = (
     # several, the last chunk short.
     Case("row loop d192 rows70001 sliced gate", (70001, 192),
          Options("te", activation="sigmoid"), layout="projection"),
-    # Groups of 640 held as a 512 head and a 128 tail in the one-tile kernel (Mamba2).
+    # Groups of 640 held as a 512 head and a 128 tail in the one-tile kernel (Mamba2), and in
+    # the backward with 8-byte vectors (row offsets stepped in units of 4 elements).
     Case("head + tail tile 2 groups of 640 gate-first", (37, 1280),
          Options("te", norm_before_gate=False), BF16, 640),
 )
