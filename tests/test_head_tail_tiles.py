@@ -70,13 +70,14 @@ def test_backward_split_entries_carry_their_program_count_and_vector_width(monke
                                                        tail_n=128, max_vector_elements=2)
 
 
-def _launched_row_align(monkeypatch) -> list:
-    """(kernel, ROW_ALIGN) of every launch built from now on."""
+def _launched(monkeypatch, flag: str) -> list:
+    """(kernel, meta[flag]) of every launch built from now on (None where the kernel has no
+    such flag: the dweight reduction)."""
     launched = []
     original = launch.CachedLaunch
 
     def recording(kernel, meta):
-        launched.append((kernel, meta.get("ROW_ALIGN")))
+        launched.append((kernel, meta.get(flag)))
         return original(kernel, meta)
 
     monkeypatch.setattr(launch, "CachedLaunch", recording)
@@ -95,7 +96,7 @@ def test_launches_take_the_narrower_of_layout_and_table_vector_width(
     (max_vector_elements 4), the forward as wide as the rows allow; x and gate are read in
     place from buffers ``row_width`` wide."""
     launch._PLANS.clear()
-    launched = _launched_row_align(monkeypatch)
+    launched = _launched(monkeypatch, "ROW_ALIGN")
     x, gate, weight, dy = make_inputs((37, 1280), torch.bfloat16)
     wide_x, wide_gate = (torch.zeros(37, row_width, dtype=torch.bfloat16) for _ in range(2))
     wide_x[:, :1280], wide_gate[:, :1280] = x, gate
@@ -165,19 +166,6 @@ def _split_table(monkeypatch, stages: int, backward: bool = True) -> None:
     launch._PLANS.clear()
 
 
-def _launched_tails(monkeypatch) -> list:
-    """(kernel, TAIL_N) of every forward launch built from now on."""
-    launched = []
-    original = launch.CachedLaunch
-
-    def recording(kernel, meta):
-        launched.append((kernel, meta.get("TAIL_N")))
-        return original(kernel, meta)
-
-    monkeypatch.setattr(launch, "CachedLaunch", recording)
-    return launched
-
-
 @pytest.mark.usefixtures("interpreter")
 @pytest.mark.parametrize("stages", [1, 2], ids=["tile", "row_loop"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=dtype_id)
@@ -187,7 +175,7 @@ def test_split_forward_is_as_accurate_as_the_composite(monkeypatch, shape, group
                                                        norm_before_gate, options, has_weight,
                                                        dtype, stages):
     _split_table(monkeypatch, stages)
-    launched = _launched_tails(monkeypatch)
+    launched = _launched(monkeypatch, "TAIL_N")
     options = dict(options, group_size=group_size, norm_before_gate=norm_before_gate)
     x, gate, weight, dy = make_inputs(shape, dtype, has_weight=has_weight,
                                       zero_centered_gamma=options.get("zero_centered_gamma",
