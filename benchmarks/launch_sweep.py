@@ -84,6 +84,16 @@ SHAPES = {
     "d256-49152r": Shape("d256-49152r", 49152, 256, 256, True),
     "d64-262144r": Shape("d64-262144r", 262144, 64, 64, True),
     "d32-393216r": Shape("d32-393216r", 393216, 32, 32, True),
+    # Where D = 64's four-row tile starts to win (variant 48: a backward tile by row count).
+    "d64-393216r": Shape("d64-393216r", 393216, 64, 64, True),
+    "d64-524288r": Shape("d64-524288r", 524288, 64, 64, True),
+    "d64-1048576r": Shape("d64-1048576r", 1048576, 64, 64, True),
+    "d64-1572864r": Shape("d64-1572864r", 1572864, 64, 64, True),
+    "d32-786432r": Shape("d32-786432r", 786432, 32, 32, True),
+    "d32-3145728r": Shape("d32-3145728r", 3145728, 32, 32, True),
+    # GDN at 65536 tokens x 32 heads and Kimi's 4096 x 96 rows (program counts, variant 48).
+    "gdn65536x32": Shape("gdn65536x32", 1 << 21, 128, 128, True),
+    "kimi4096x96": Shape("kimi4096x96", 393216, 128, 128, True),
     # A group that fills part of the 256 tile without a head + tail split (224 = 256 - 32).
     "d224": Shape("d224", 1 << 18, 224, 224, True),
 }

@@ -80,12 +80,17 @@ def test_groups_filling_part_of_their_tile_take_the_partial_tile_entry(group_siz
     (900, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[1024]),
     (96, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[128]),
     (192, config.BACKWARD_SPLIT_TILES[256][3]),
-    (256, config.BACKWARD_TARGET_PROGRAMS), (512, config.BACKWARD_TILE_TARGET_PROGRAMS[512]),
+    (256, config.BACKWARD_TILE_TARGET_PROGRAMS[256]),
+    (64, config.BACKWARD_TILE_TARGET_PROGRAMS[64]), (48, config.BACKWARD_TILE_TARGET_PROGRAMS[64]),
+    (32, config.BACKWARD_TILE_TARGET_PROGRAMS[32]), (16, config.BACKWARD_TARGET_PROGRAMS),
+    (512, config.BACKWARD_TILE_TARGET_PROGRAMS[512]),
     (4096, config.BACKWARD_TILE_TARGET_PROGRAMS[4096]),
     (5000, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[8192]),
     (8192, config.BACKWARD_TILE_TARGET_PROGRAMS[8192]), (20000, config.BACKWARD_TARGET_PROGRAMS),
 ], ids=["d128", "d2048", "d1024-own-target", "d640-split-own-target", "d900-partial-own-target",
-        "d96-partial-own-target", "d192-split-own-target", "d256", "d512", "d4096",
+        "d96-partial-own-target", "d192-split-own-target", "d256-own-target",
+        "d64-narrow-own-target", "d48-narrow-takes-the-64-target",
+        "d32-narrow-own-target", "d16-narrow-default", "d512", "d4096",
         "d5000-partial", "d8192", "long-row"])
 def test_backward_tiles_take_their_program_target(group_size, expected):
     tile = config.backward_config(group_size)

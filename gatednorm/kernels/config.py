@@ -143,12 +143,23 @@ BACKWARD_TARGET_PROGRAMS = 1056
 #   partial 128 and 256 (four rows, one warp): D = 96 140.8 us at 1584 against 156.5 at 1056
 #     (144 at 2112), D = 192 148.9 against 171.8 (174 at 2112); fp16 alike (138.5 / 147.5 us
 #     against 149.6 / 153.9).
+#   whole 32, 64 and 256 (16 x 32, 8 x 64, 2 x 256, one warp): 1040 instead of 1056
+#     (variant 48, launch-sweep-v14-bwd-*-stride / -targets-*): D = 64 133.2 / 132.9 us
+#     against 140.4 / 141.8 (and 175 against 178.6 at 1048576 rows), D = 32 135.8 / 136.1
+#     against 141.5 / 141.1, D = 256 175.3 / 175.2 against 177.3 / 177.1. Around 1056 the
+#     count is sharp in a way the placement does not explain (one warp programs go round
+#     robin, eight an SM at 1056: program-placement.json): 1046-1049 programs ran 1-5 %
+#     slower than 1033-1035, 1057 or more 9-11 % (a ninth program on some SMs), and exactly
+#     1024 chunks of a power-of-two stride (128 KB) 7-9 %.
 # Keeping the default: D = 2048 (179.4 us at 1056 and 396, 191.5 at 528; the four-warp tile
-# 183.2), D = 64, 128 and 256 (1056 best of 528-2112; again for the variant-43 tiles among
+# 183.2), 128 (GDN: within 1 % either way at 1040, 1.2 % slower at 8192 x 32, where 1040
+# gives 1024 chunks of 64 KB; 1056 best of 528-2112; again for the variant-43 tiles among
 # 528-1584, and against each tile's full wave of programs, e.g. 2376 for the 128 tile: 8-17 %
 # slower, launch-sweep-v13-bwd-wave-*). The partial 256 count, measured on the four-row tile,
 # holds for the two-row one (D = 224: 169.3 us at 1584, 168.9 at 1056).
-BACKWARD_TILE_TARGET_PROGRAMS = {512: 1584, 1024: 528, 4096: 132, 8192: 264}
+# Narrower groups than 32 take the default (unmeasured).
+BACKWARD_TILE_TARGET_PROGRAMS = {32: 1040, 64: 1040, 256: 1040, 512: 1584, 1024: 528,
+                                 4096: 132, 8192: 264}
 BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS = {128: 1584, 256: 1584, 1024: 792, 4096: 264, 8192: 264}
 # Programmatic dependent launch (sm_90+, eager launches) between the backward's launches (the
 # main kernel or the two launches of a cut group, then the two dweight reduction levels):
@@ -254,7 +265,8 @@ def _tile_config(group_size: int, tiles: dict, partial_tiles: dict,
     if block_n < min(tiles):
         # Narrow groups: as many rows as the narrowest measured tile holds elements.
         rows, warps, stages = tiles[min(tiles)]
-        return LaunchConfig(rows * min(tiles) // block_n, block_n, warps, False, stages)
+        return LaunchConfig(rows * min(tiles) // block_n, block_n, warps, False, stages,
+                            (targets or {}).get(block_n))
     partial = group_size != block_n
     split = head_and_tail(group_size) if block_n in (split_tiles or {}) else None
     if split is not None:
