@@ -84,7 +84,8 @@ SHAPES = {
     "d256-49152r": Shape("d256-49152r", 49152, 256, 256, True),
     "d64-262144r": Shape("d64-262144r", 262144, 64, 64, True),
     "d32-393216r": Shape("d32-393216r", 393216, 32, 32, True),
-    # Where D = 64's four-row tile starts to win (variant 48: a backward tile by row count).
+    # D = 64 and 32 at more row counts (variant 48: the four-row tile's one win was the
+    # program count's).
     "d64-393216r": Shape("d64-393216r", 393216, 64, 64, True),
     "d64-524288r": Shape("d64-524288r", 524288, 64, 64, True),
     "d64-1048576r": Shape("d64-1048576r", 1048576, 64, 64, True),
