@@ -24,6 +24,8 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from gatednorm.kernels import backward, forward  # noqa: E402
 
 NO_PDL = dict(LAUNCH_DEPENDENTS=False, WAIT_FOR_PRIOR_GRID=False)
+# The backward on a GPU (the interpreter's exchange computes missing dots instead of waiting).
+ON_GPU = dict(ONE_PROGRAM_AT_A_TIME=False)
 KERNELS = {
     "forward_tile": (forward.forward_tile_kernel, dict(BLOCK_ROWS=16, BLOCK_N=128, TAIL_N=0,
                                                        STORE_RSTD=True)),
@@ -40,33 +42,37 @@ KERNELS = {
                                                                LOOP_STAGES=2)),
     "backward_tile": (backward.backward_tile_kernel, dict(BLOCK_ROWS=4, BLOCK_N=128, TAIL_N=0,
                                                           LOOP_STAGES=3, SPLIT_PASS=0,
-                                                          DOT_BLOCKS=1, **NO_PDL)),
+                                                          DOT_BLOCKS=1, **NO_PDL, **ON_GPU)),
     # A group held as a head and a tail tile (96 = 64 + 32).
     "backward_tile_head_tail": (backward.backward_tile_kernel, dict(
         BLOCK_ROWS=4, BLOCK_N=64, TAIL_N=32, LOOP_STAGES=3, SPLIT_PASS=0, DOT_BLOCKS=1,
-        **NO_PDL)),
+        **NO_PDL, **ON_GPU)),
     # Eager launches on sm_90+: programmatic dependent launch between the backward's launches.
     "backward_tile_pdl": (backward.backward_tile_kernel, dict(
         BLOCK_ROWS=4, BLOCK_N=128, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=0, DOT_BLOCKS=1,
-        LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=False)),
+        LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=False, **ON_GPU)),
     # A group cut into column blocks: the row dot products, then dx and dgate.
     "backward_split_row_dots": (backward.backward_tile_kernel, dict(
         BLOCK_ROWS=1, BLOCK_N=2048, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=1, DOT_BLOCKS=16,
-        **NO_PDL)),
+        **NO_PDL, **ON_GPU)),
     "backward_split_input_grads": (backward.backward_tile_kernel, dict(
         BLOCK_ROWS=1, BLOCK_N=2048, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=2, DOT_BLOCKS=16,
-        **NO_PDL)),
+        **NO_PDL, **ON_GPU)),
     "backward_split_input_grads_pdl": (backward.backward_tile_kernel, dict(
         BLOCK_ROWS=1, BLOCK_N=2048, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=2, DOT_BLOCKS=16,
-        LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=True)),
+        LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=True, **ON_GPU)),
+    # Both in one launch: the programs of a group's blocks exchange their dot products.
+    "backward_split_exchange": (backward.backward_tile_kernel, dict(
+        BLOCK_ROWS=1, BLOCK_N=2048, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=3, DOT_BLOCKS=16,
+        **NO_PDL, **ON_GPU)),
     "dweight_reduce": (backward.dweight_reduce_kernel, dict(BLOCK_CHUNKS=128, BLOCK_COLS=32,
                                                             **NO_PDL)),
     "dweight_reduce_pdl": (backward.dweight_reduce_kernel, dict(
         BLOCK_CHUNKS=128, BLOCK_COLS=32, LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=True)),
 }
 POINTERS = {name: "*bf16" for name in ("X", "GATE", "W", "Y", "DY", "DX", "DGATE")}
-POINTERS.update(RSTD="*fp32", DW_PARTIAL="*fp32", ROW_DOTS="*fp32", PARTIAL="*fp32",
-                OUT="*fp32")
+POINTERS.update(RSTD="*fp32", DW_PARTIAL="*fp32", ROW_DOTS="*fp32", ARRIVALS="*i32",
+                PARTIAL="*fp32", OUT="*fp32")
 
 
 def parse(kernel, constexprs: dict, unit_ints: bool) -> None:

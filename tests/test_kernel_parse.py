@@ -14,7 +14,8 @@ import pytest
 
 SCRIPT = Path(__file__).with_name("parse_kernels.py")
 KERNELS = ["forward_tile", "forward_row_loop", "forward_long_row", "backward_tile",
-           "backward_split_row_dots", "backward_split_input_grads", "dweight_reduce",
+           "backward_split_row_dots", "backward_split_input_grads", "backward_split_exchange",
+           "dweight_reduce",
            # The eager launches' programmatic-launch variants (never traced by Inductor, but
            # they must build for sm_90 like the rest).
            "backward_tile_pdl", "backward_split_input_grads_pdl", "dweight_reduce_pdl"]

@@ -173,6 +173,10 @@ BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS = {128: 1584, 256: 1584, 1024: 792, 4096: 
 # at D = 8192 and on long rows, so off.
 BACKWARD_PROGRAMMATIC_LAUNCH = True
 BACKWARD_EARLY_DEPENDENTS = False
+# Variant 49: a long row's backward in one launch whose programs of a row's column blocks hand
+# each other their dot products through memory (EXCHANGE_PASS), loading each element once (10
+# bytes an element in 16-bit dtypes) instead of twice (16) in two launches. Under measurement.
+BACKWARD_LONG_ROW_EXCHANGE = False
 # Each chunk writes and re-reads a D-wide fp32 partial row: at 16 or more rows per chunk that
 # traffic stays under 3 % of the backward's own bytes.
 MIN_ROWS_PER_CHUNK = 16

@@ -9,6 +9,7 @@ higher-order-op dispatch on every call.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -16,6 +17,7 @@ import triton
 from torch.library import wrap_triton
 
 from gatednorm.kernels.backward import (
+    EXCHANGE_PASS,
     INPUT_GRADS_PASS,
     ROW_DOTS_PASS,
     WHOLE_GROUPS,
@@ -74,6 +76,8 @@ class _Plan:
     column_blocks: int = 0
     row_dots_meta: dict | None = None
     row_dots_launch: CachedLaunch | None = None
+    # Backward of a cut group in one launch (EXCHANGE_PASS): row dots and arrival counters.
+    exchange: bool = False
 
 
 # Plans of eager calls, keyed by shapes, strides, dtypes and options: a decode step repeats the
@@ -325,15 +329,20 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
                     DX_ROWS_AS_X=share and dx_as_x, DGATE_ROWS_AS_X=share and dgate_as_x,
                     SPLIT_PASS=WHOLE_GROUPS.value, DOT_BLOCKS=1,
                     LAUNCH_DEPENDENTS=early and weight is not None, WAIT_FOR_PRIOR_GRID=False)
+        meta["ONE_PROGRAM_AT_A_TIME"] = os.environ.get("TRITON_INTERPRET", "0") == "1"
         row_dots_meta = None
+        exchange = config.long_row and _config.BACKWARD_LONG_ROW_EXCHANGE
         if config.long_row:
             dot_blocks = triton.next_power_of_2(column_blocks // num_groups)
-            row_dots_meta = dict(meta, SPLIT_PASS=ROW_DOTS_PASS.value, DOT_BLOCKS=dot_blocks,
-                                 LAUNCH_DEPENDENTS=early)
-            meta.update(SPLIT_PASS=INPUT_GRADS_PASS.value, DOT_BLOCKS=dot_blocks,
-                        WAIT_FOR_PRIOR_GRID=pdl)
-            if pdl:
-                meta["launch_pdl"] = True
+            if exchange:
+                meta.update(SPLIT_PASS=EXCHANGE_PASS.value, DOT_BLOCKS=dot_blocks)
+            else:
+                row_dots_meta = dict(meta, SPLIT_PASS=ROW_DOTS_PASS.value,
+                                     DOT_BLOCKS=dot_blocks, LAUNCH_DEPENDENTS=early)
+                meta.update(SPLIT_PASS=INPUT_GRADS_PASS.value, DOT_BLOCKS=dot_blocks,
+                            WAIT_FOR_PRIOR_GRID=pdl)
+                if pdl:
+                    meta["launch_pdl"] = True
         return _Plan(
             kernel=backward_tile_kernel,
             grid=(num_chunks * column_blocks,),
@@ -349,6 +358,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
             row_dots_launch=(CachedLaunch(backward_tile_kernel, row_dots_meta)
                              if cached and row_dots_meta is not None else None),
             column_blocks=column_blocks,
+            exchange=exchange,
         )
 
     key = None if traceable else (
@@ -369,9 +379,13 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
     # stands in for the pointer.
     row_dots = (torch.empty((x.numel() // d * plan.column_blocks,),
                             dtype=torch.float32, device=x.device)
-                if plan.row_dots_meta is not None else rstd)
+                if plan.row_dots_meta is not None or plan.exchange else rstd)
+    # The exchange's ticket counter and one arrival counter per (chunk, group), zeroed; rstd
+    # stands in for the pointer otherwise.
+    arrivals = (torch.zeros((1 + num_chunks * num_groups,), dtype=torch.int32, device=x.device)
+                if plan.exchange else rstd)
     tensors = (x, gate, x if weight is None else weight, dy, rstd, dx, dgate, scratch,
-               row_dots)
+               row_dots, arrivals)
     if traceable:
         if plan.row_dots_meta is not None:
             wrap_triton(plan.kernel)[plan.grid](*tensors, *plan.layout_args,

@@ -58,6 +58,55 @@ else:
             dtype=tl.int32, is_pure=False, pack=1)
 
 
+if os.environ.get("TRITON_INTERPRET", "0") == "1" or torch.version.hip:
+    @triton.jit
+    def publish_and_count(pointers, values, mask, counter):
+        """Store one row's value and add 1 to the int32 at ``counter`` (release)."""
+        tl.store(pointers, values, mask=mask)
+        tl.atomic_add(counter, 1, sem="release", scope="gpu")
+else:
+    @triton.jit
+    def publish_and_count(pointers, values, mask, counter):
+        """Store the value of a one-row tile's row (every thread holds it after the row's
+        reduction) and add 1 to the int32 at ``counter`` with release ordering, both from
+        thread 0, so the release covers the store without a barrier. A ``tl.debug_barrier``
+        before a ``tl.atomic_add`` would do the same, but a barrier in the backward's row loop
+        stops Triton from pipelining its loads (no cp.async at all, offline sm_90 SASS)."""
+        tl.inline_asm_elementwise(
+            "{ .reg .pred valid, first; .reg .b32 thread;\n"
+            "setp.ne.b32 valid, $4, 0;\n"
+            "mov.u32 thread, %tid.x;\n"
+            "setp.eq.and.u32 first, thread, 0, valid;\n"
+            "@first st.global.b32 [$1], $2;\n"
+            "@first red.release.gpu.global.add.s32 [$3], 1;\n"
+            "mov.b32 $0, 0; }",
+            "=r,l,r,l,r", [pointers.to(tl.int64), values,
+                           (counter + tl.zeros_like(mask.to(tl.int32))).to(tl.int64),
+                           mask.to(tl.int32)],
+            dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def wait_for_count(counter, at_least):
+    """Spin until the int32 at ``counter`` (a scalar pointer) is at least ``at_least``, with
+    acquire ordering: what the programs that counted themselves wrote before their release is
+    then visible to every thread of this one. An inline PTX loop, not a Triton ``while``: a
+    nested loop stops Triton from pipelining the loop around it (the backward's row loop,
+    whose loads of the next tile then no longer overlap this tile's work). Each thread polls
+    (one L2 line, so the same transaction) and is ordered by its own acquire. Not in the
+    interpreter, which runs one program at a time (its callers take another path there)."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred waiting; .reg .b32 seen;\n"
+        "spin_${:uid}:\n"
+        "ld.acquire.gpu.global.b32 seen, [$1];\n"
+        "setp.lt.s32 waiting, seen, $2;\n"
+        "@waiting bra spin_${:uid};\n"
+        "mov.b32 $0, seen; }",
+        "=r,l,r", [(counter + tl.zeros([1], tl.int32)).to(tl.int64),
+                   at_least + tl.zeros([1], tl.int32)],
+        dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit
 def round_to(t, dtype: tl.constexpr):
     return t.to(dtype).to(tl.float32)

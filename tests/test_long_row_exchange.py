@@ -1,0 +1,95 @@
+"""The long-row backward in one exchanging launch (variant 49, backward.EXCHANGE_PASS) against
+the two launches it replaces and against fp64.
+
+In the interpreter programs run one after another: every program but a group's last finds
+blocks missing and computes their dot products itself (block_row_dot), the last reads the dots
+the others published, so both paths run here; the GPU waits instead (tests/gpu/
+test_gpu_exchange.py). Narrow column blocks (the long-row table patched to 128 or 256 columns,
+groups wider than 256 cut) keep the interpreter fast with several blocks, a partial last block,
+block counts that are not powers of two, and several chunks of rows."""
+
+import pytest
+import torch
+
+import gatednorm
+from gatednorm.kernels import config, launch
+
+from conftest import (
+    assert_finite,
+    assert_three_way,
+    composite,
+    fp64_truth,
+    fused,
+    fused_on_views,
+    make_inputs,
+    rows_of,
+)
+
+pytestmark = pytest.mark.usefixtures("interpreter")
+
+
+@pytest.fixture
+def narrow_long_rows(monkeypatch, request):
+    """Groups wider than 256 are long rows, cut into blocks of ``request.param`` columns."""
+    monkeypatch.setattr(config, "BACKWARD_TILES", {128: (4, 1, 3), 256: (2, 1, 3)})
+    monkeypatch.setattr(config, "BACKWARD_LONG_ROW", (request.param, 1, 2))
+    # Few rows a chunk: several chunks (and arrival counters) even with few rows.
+    monkeypatch.setattr(config, "MIN_ROWS_PER_CHUNK", 2)
+    monkeypatch.setattr(config, "BACKWARD_TARGET_PROGRAMS", 24)
+    monkeypatch.setattr(launch, "_PLANS", {})
+    return request.param
+
+
+def _both_ways(monkeypatch, run):
+    """(two launches, exchange) results of ``run()``, checking the plans took those paths."""
+    results = []
+    for exchange in (False, True):
+        monkeypatch.setattr(config, "BACKWARD_LONG_ROW_EXCHANGE", exchange)
+        launch._PLANS.clear()
+        results.append(run())
+        plan = next(plan for key, plan in launch._PLANS.items() if key[0] == "bwd")
+        assert plan.exchange == exchange and (plan.row_dots_meta is None) == exchange
+    return results
+
+
+@pytest.mark.parametrize("narrow_long_rows", [128, 256], indirect=True,
+                         ids=lambda n: f"blocks_of_{n}")
+@pytest.mark.parametrize("shape, group_size", [((7, 1000), None), ((5, 2, 640), None),
+                                               ((6, 1200), 600)],
+                         ids=["D1000-partial_last_block", "D640-five_blocks-3d",
+                              "two_groups_of_600"])
+@pytest.mark.parametrize("dtype, rounding", [(torch.float16, "te"), (torch.bfloat16, "hf"),
+                                             (torch.float32, "fp32")],
+                         ids=["fp16-te", "bf16-hf", "fp32-fp32"])
+@pytest.mark.parametrize("norm_before_gate", [True, False], ids=["norm_first", "gate_first"])
+def test_exchange_gives_the_two_launch_bits(monkeypatch, narrow_long_rows, shape, group_size,
+                                            dtype, rounding, norm_before_gate):
+    x, gate, weight, dy = make_inputs(shape, dtype)
+    options = dict(group_size=group_size, rounding=rounding, norm_before_gate=norm_before_gate)
+    cut, exchanged = _both_ways(monkeypatch, lambda: fused(x, gate, weight, dy, **options))
+    assert_finite(exchanged)
+    for name, value in exchanged.named():
+        assert torch.equal(value, getattr(cut, name)), f"{name} differs from two launches"
+    assert_three_way(exchanged, composite(x, gate, weight, dy, **options),
+                     fp64_truth(x, gate, weight, dy, **options), rows_of(shape))
+
+
+@pytest.mark.parametrize("narrow_long_rows", [256], indirect=True, ids=["blocks_of_256"])
+@pytest.mark.parametrize("activation, has_weight, zero_centered",
+                         [("sigmoid", True, True), ("silu", False, False)],
+                         ids=["sigmoid-zero_centered", "no_weight"])
+def test_exchange_with_a_sliced_gate(monkeypatch, narrow_long_rows, activation, has_weight,
+                                     zero_centered):
+    # The gate is the middle third of a projection (its own row offsets, two leading dims).
+    tokens, heads, d = 3, 2, 700
+    x, _, weight, dy = make_inputs((tokens, heads, d), torch.float16, has_weight=has_weight,
+                                   zero_centered_gamma=zero_centered)
+    proj = torch.randn(tokens, 3 * heads * d).to(torch.float16)
+    gate = proj[:, heads * d:2 * heads * d].view(tokens, heads, d)
+    options = dict(activation=activation, zero_centered_gamma=zero_centered, rounding="te")
+    cut, exchanged = _both_ways(
+        monkeypatch, lambda: fused_on_views(x, gate, weight, dy, **options))
+    for name, value in exchanged.named():
+        assert torch.equal(value, getattr(cut, name)), f"{name} differs from two launches"
+    truth = fp64_truth(x, gate.contiguous(), weight, dy, **options)
+    assert (exchanged.dx.double() - truth.dx).abs().max() < 2e-2
