@@ -132,6 +132,8 @@ BACKWARD_LONG_ROWS = [(1024, 4), (2048, 4), (2048, 8), (4096, 8)]
 # launch (True, config.BACKWARD_LONG_ROW_EXCHANGE). --long-rows-from: tile widths from which
 # the candidates are long rows too (the library's table holds up to 8192 whole).
 EXCHANGE_MODES = [False]
+# Column blocks (block_n, num_warps) of the forward's exchanging launch (variant 50).
+FORWARD_EXCHANGE_TILES = [(2048, 4), (4096, 4), (4096, 8), (8192, 16)]
 LONG_ROWS_FROM: int | None = None
 
 
@@ -168,10 +170,16 @@ def _candidates(shape: Shape, tiles: dict, library_tiles: dict, long_rows: list,
 
 def forward_candidates(shape: Shape, stages, tile_stages=(1,)) -> list[LaunchConfig]:
     """Tile candidates at each of ``tile_stages`` (1: the one-tile kernel; more: the row-loop
-    kernel, prefetching that deep); long rows at each of ``stages``."""
+    kernel, prefetching that deep); long rows at each of ``stages``; with --exchange on,
+    exchanging column blocks (forward_exchange_kernel) for groups of 16384 or more (or from
+    --long-rows-from) at each of ``tile_stages``."""
+    exchange = []
+    if True in EXCHANGE_MODES and shape.group_size >= (LONG_ROWS_FROM or 16384):
+        exchange = [LaunchConfig(1, n, w, True, s, exchange=True)
+                    for n, w in FORWARD_EXCHANGE_TILES for s in tile_stages]
     return (_candidates(shape, FORWARD_TILES, config_module.FORWARD_TILES, FORWARD_LONG_ROWS,
                         tile_stages, stages)
-            + _split_candidates(shape, FORWARD_SPLIT_TILES, tile_stages))
+            + _split_candidates(shape, FORWARD_SPLIT_TILES, tile_stages) + exchange)
 
 
 def _split_candidates(shape: Shape, split_tiles: dict, stages) -> list[LaunchConfig]:
@@ -276,6 +284,7 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                      frac_copy=gbps / copy_gbps, **compiled_resources(kernel))
         records.append(entry)
         print(f"{pass_name} {shape.name} rows={config.block_rows} n={config.block_n}"
+              + (" exchange" if config.exchange else "")
               + (f"+{config.tail_n}" if config.tail_n else "")
               + (f" v{config.max_vector_elements}" if config.max_vector_elements else "") + " "
               f"w={config.num_warps} long={config.long_row} stages={config.loop_stages} "
@@ -286,14 +295,16 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
     if "fwd" in passes:
         saved_target = config_module.FORWARD_TARGET_PROGRAMS
         for config in forward_candidates(shape, stages, forward_stages):
-            if config.long_row:
+            if config.exchange:
+                kernel = forward_kernels.forward_exchange_kernel
+            elif config.long_row:
                 kernel = forward_kernels.forward_long_row_kernel
             elif config.loop_stages > 1:
                 kernel = forward_kernels.forward_row_loop_kernel
             else:
                 kernel = forward_kernels.forward_tile_kernel
-            for target in (forward_targets if config.loop_stages > 1 and not config.long_row
-                           else [None]):
+            for target in (forward_targets if (config.loop_stages > 1 and not config.long_row)
+                           or config.exchange else [None]):
                 launch.forward_config = lambda group_size, c=config: c
                 if target is not None:
                     config_module.FORWARD_TARGET_PROGRAMS = target
@@ -379,8 +390,9 @@ def main() -> None:
     parser.add_argument("--long-rows", default="",
                         help='replace long-row candidates (both passes), e.g. "4096x8,2048x4"')
     parser.add_argument("--exchange", default="off",
-                        help="backward long rows: off (two launches), on (one exchanging "
-                             "launch, variant 49) or off,on")
+                        help="off, on or off,on: the backward's long rows in two launches "
+                             "and / or one exchanging launch (variant 49); with on, the "
+                             "forward also tries exchanging column blocks (variant 50)")
     parser.add_argument("--long-rows-from", type=int,
                         help="also try long-row candidates for tile widths from this one")
     parser.add_argument("--timer", choices=("graph", "cold"), default="graph",

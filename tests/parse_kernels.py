@@ -40,6 +40,9 @@ KERNELS = {
     "forward_long_row": (forward.forward_long_row_kernel, dict(BLOCK_ROWS=1, BLOCK_N=4096,
                                                                STORE_RSTD=True,
                                                                LOOP_STAGES=2)),
+    # A group cut into column blocks whose programs exchange their partial sums (variant 50).
+    "forward_exchange": (forward.forward_exchange_kernel, dict(
+        BLOCK_N=4096, DOT_BLOCKS=8, STORE_RSTD=True, LOOP_STAGES=3, **ON_GPU)),
     "backward_tile": (backward.backward_tile_kernel, dict(BLOCK_ROWS=4, BLOCK_N=128, TAIL_N=0,
                                                           LOOP_STAGES=3, SPLIT_PASS=0,
                                                           DOT_BLOCKS=1, **NO_PDL, **ON_GPU)),
@@ -72,7 +75,7 @@ KERNELS = {
 }
 POINTERS = {name: "*bf16" for name in ("X", "GATE", "W", "Y", "DY", "DX", "DGATE")}
 POINTERS.update(RSTD="*fp32", DW_PARTIAL="*fp32", ROW_DOTS="*fp32", ARRIVALS="*i32",
-                PARTIAL="*fp32", OUT="*fp32")
+                PARTIALS="*fp32", PARTIAL="*fp32", OUT="*fp32")
 
 
 def parse(kernel, constexprs: dict, unit_ints: bool) -> None:
@@ -112,6 +115,7 @@ ROW_FLAGS = {
 # One-row tiles of a cut group never share row offsets (config.shares_row_offsets).
 ROW_FLAGS["backward_split_row_dots"] = ROW_FLAGS["backward_split_input_grads"] = [
     ROW_FLAGS["backward_tile"][0]]
+ROW_FLAGS["backward_split_exchange"] = ROW_FLAGS["backward_split_input_grads"]
 ROW_FLAGS["backward_tile_pdl"] = ROW_FLAGS["backward_tile"]
 ROW_FLAGS["backward_split_input_grads_pdl"] = ROW_FLAGS["backward_split_input_grads"]
 

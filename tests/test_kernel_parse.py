@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).with_name("parse_kernels.py")
-KERNELS = ["forward_tile", "forward_row_loop", "forward_long_row", "backward_tile",
+KERNELS = ["forward_tile", "forward_row_loop", "forward_long_row", "forward_exchange",
+           "backward_tile",
            "backward_split_row_dots", "backward_split_input_grads", "backward_split_exchange",
            "dweight_reduce",
            # The eager launches' programmatic-launch variants (never traced by Inductor, but

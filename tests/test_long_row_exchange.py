@@ -93,3 +93,52 @@ def test_exchange_with_a_sliced_gate(monkeypatch, narrow_long_rows, activation, 
         assert torch.equal(value, getattr(cut, name)), f"{name} differs from two launches"
     truth = fp64_truth(x, gate.contiguous(), weight, dy, **options)
     assert (exchanged.dx.double() - truth.dx).abs().max() < 2e-2
+
+
+@pytest.fixture
+def narrow_forward_exchange(monkeypatch, request):
+    """Groups of 300 or more run the forward as exchanging blocks of ``request.param``."""
+    monkeypatch.setattr(config, "FORWARD_EXCHANGE", (300, request.param, 1, 2, 24))
+    monkeypatch.setattr(launch, "_PLANS", {})
+    return request.param
+
+
+@pytest.mark.parametrize("narrow_forward_exchange", [128, 256], indirect=True,
+                         ids=lambda n: f"blocks_of_{n}")
+@pytest.mark.parametrize("shape, group_size", [((7, 1000), None), ((5, 2, 640), None),
+                                               ((6, 1200), 600), ((40, 384), None)],
+                         ids=["D1000-partial_last_block", "D640-five_blocks-3d",
+                              "two_groups_of_600", "D384-forty_rows_several_chunks"])
+@pytest.mark.parametrize("dtype, rounding", [(torch.float16, "te"), (torch.bfloat16, "hf"),
+                                             (torch.float32, "fp32")],
+                         ids=["fp16-te", "bf16-hf", "fp32-fp32"])
+@pytest.mark.parametrize("norm_before_gate", [True, False], ids=["norm_first", "gate_first"])
+def test_forward_exchange_against_fp64(narrow_forward_exchange, shape, group_size, dtype,
+                                       rounding, norm_before_gate):
+    x, gate, weight, dy = make_inputs(shape, dtype)
+    options = dict(group_size=group_size, rounding=rounding, norm_before_gate=norm_before_gate)
+    result = fused(x, gate, weight, dy, **options)
+    plan = next(plan for key, plan in launch._PLANS.items() if key[0] == "fwd")
+    assert plan.exchange and plan.kernel.__name__ == "forward_exchange_kernel"
+    assert_finite(result)
+    assert_three_way(result, composite(x, gate, weight, dy, **options),
+                     fp64_truth(x, gate, weight, dy, **options), rows_of(shape))
+
+
+@pytest.mark.parametrize("narrow_forward_exchange", [128], indirect=True, ids=["blocks_of_128"])
+def test_forward_exchange_without_rstd_and_with_a_sliced_gate(narrow_forward_exchange):
+    # Inference (no rstd stored, not remembered as an inference launcher: the counters are
+    # fresh every call) on a gate sliced from a projection; twice, to reuse the plan.
+    tokens, heads, d = 4, 2, 500
+    x = torch.randn(tokens, heads, d).to(torch.bfloat16)
+    proj = torch.randn(tokens, 3 * heads * d).to(torch.bfloat16)
+    gate = proj[:, heads * d:2 * heads * d].view(tokens, heads, d)
+    weight = (1 + 0.2 * torch.randn(d)).to(torch.bfloat16)
+    want = gatednorm.rms_norm_gated(x, gate.contiguous(), weight)
+    with torch.no_grad():
+        for _ in range(2):
+            got = gatednorm.rms_norm_gated(x, gate, weight)
+            assert torch.equal(got, want)
+    truth = fp64_truth(x, gate.contiguous(), weight, torch.ones_like(x)).y
+    # bf16 y (the interpreter truncates): a few bf16 ulps of each value.
+    assert torch.allclose(want.double(), truth, rtol=3e-2, atol=1e-2)

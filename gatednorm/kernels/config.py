@@ -98,6 +98,11 @@ FORWARD_SPLIT_TILES = {128: (16, 4, 3), 256: (16, 8, 3), 1024: (1, 1, 1)}
 # tiles within 3 % (2 x 1024 x 4 warps: fp32 1.5 % faster, 1 x 1024: fp16 3 % faster,
 # bf16 3 % slower); 2048 x 8 warps and 4096 x 16 were 5-30 % slower.
 FORWARD_LONG_ROW = (4096, 16, 1)
+# Variant 50: groups of at least FORWARD_EXCHANGE[0] elements run the forward as column blocks
+# of FORWARD_EXCHANGE[1] on that many warps, loop_stages, and about that many programs
+# (forward_exchange_kernel), in place of the table's tile or the long-row kernel. None: off
+# (under measurement).
+FORWARD_EXCHANGE: tuple[int, int, int, int, int] | None = None
 BACKWARD_LONG_ROW = (2048, 4, 3)
 # Shared memory a block may use when the device cannot be asked (H100 and H200: 227 KB), and
 # what to leave beside the prefetch buffers for the kernels' reductions.
@@ -246,6 +251,10 @@ class LaunchConfig:
     # a head and its tail one register layout, so that Triton adds their per-row sums as they
     # are instead of computing the head again in the tail's layout (variant 42).
     max_vector_elements: int = 0
+    # Long rows only: the forward's column blocks run as programs side by side that exchange
+    # their partial sums (forward_exchange_kernel, variant 50) instead of one program
+    # walking the row twice (forward_long_row_kernel).
+    exchange: bool = False
 
 
 def head_and_tail(group_size: int) -> tuple[int, int] | None:
@@ -293,6 +302,9 @@ def _tile_config(group_size: int, tiles: dict, partial_tiles: dict,
 
 def forward_config(group_size: int) -> LaunchConfig:
     """Forward tile for one group size (the same element count for every dtype)."""
+    if FORWARD_EXCHANGE is not None and group_size >= FORWARD_EXCHANGE[0]:
+        _, block_n, num_warps, stages, programs = FORWARD_EXCHANGE
+        return LaunchConfig(1, block_n, num_warps, True, stages, programs, exchange=True)
     return _tile_config(group_size, FORWARD_TILES, FORWARD_PARTIAL_TILES, FORWARD_LONG_ROW,
                         FORWARD_TILE_TARGET_PROGRAMS, FORWARD_PARTIAL_TILE_TARGET_PROGRAMS,
                         FORWARD_SPLIT_TILES)

@@ -43,6 +43,7 @@ from gatednorm.kernels.config import (
 )
 from gatednorm.kernels.fast_launch import CachedLaunch
 from gatednorm.kernels.forward import (
+    forward_exchange_kernel,
     forward_long_row_kernel,
     forward_row_loop_kernel,
     forward_tile_kernel,
@@ -177,7 +178,7 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
             # variants with and without the rstd store (GPU suite run 6). The table was
             # tuned on 16-bit inputs; an fp32 x or gate keeps the one-tile kernel.
             config = replace(config, loop_stages=1)
-        elif not config.long_row:
+        elif not config.long_row or config.exchange:
             # The row loop prefetches x and gate: (stages - 1) tiles of both.
             config = fit_shared_memory(config, x.element_size() + gate.element_size(),
                                        shared_memory_bytes(x.device))
@@ -185,7 +186,19 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
                      norm_before_gate, rounding)
         meta["STORE_RSTD"] = store_rstd
         layout_args = _layout_args(layout) + (group_size, num_groups)
-        if config.long_row:
+        column_blocks = 0
+        if config.exchange:
+            kernel = forward_exchange_kernel
+            blocks_per_group = triton.cdiv(group_size, config.block_n)
+            column_blocks = num_groups * blocks_per_group
+            rows_per_chunk, num_chunks = forward_chunking(layout.rows, column_blocks, 1,
+                                                          forward_target_programs(config))
+            grid = (num_chunks * column_blocks,)
+            layout_args += (column_blocks, rows_per_chunk)
+            del meta["TAIL_N"], meta["BLOCK_ROWS"]
+            meta.update(DOT_BLOCKS=triton.next_power_of_2(blocks_per_group),
+                        ONE_PROGRAM_AT_A_TIME=_one_program_at_a_time())
+        elif config.long_row:
             kernel = forward_long_row_kernel
             del meta["TAIL_N"]  # the long-row kernel loops over block_n-wide chunks
             grid = (layout.rows * num_groups,)
@@ -212,6 +225,8 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
             meta=meta,
             layout_copies=copies,
             cached_launch=None if traceable else CachedLaunch(kernel, meta),
+            column_blocks=column_blocks,
+            exchange=config.exchange,
         )
 
     key = None if traceable else _forward_key(x, gate, weight, group_size, zero_centered_gamma,
@@ -219,15 +234,31 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
     plan = _cached_plan(key, build)
     if plan.layout_copies:
         x, gate = x.contiguous(), gate.contiguous()
-    weight_arg = x if weight is None else weight
-    rstd_arg = y if rstd is None else rstd
+    tensors = (x, gate, x if weight is None else weight, y, y if rstd is None else rstd)
+    if plan.exchange:
+        tensors += _exchange_buffers(x, plan.column_blocks, plan.grid[0] // plan.column_blocks,
+                                     num_groups)
     if traceable:
-        wrap_triton(plan.kernel)[plan.grid](
-            x, gate, weight_arg, y, rstd_arg, *plan.layout_args, eps, **plan.meta)
+        wrap_triton(plan.kernel)[plan.grid](*tensors, *plan.layout_args, eps, **plan.meta)
     else:
-        plan.cached_launch(plan.grid, (x, gate, weight_arg, y, rstd_arg),
-                           (*plan.layout_args, eps))
+        plan.cached_launch(plan.grid, tensors, (*plan.layout_args, eps))
     return y, rstd
+
+
+def _one_program_at_a_time() -> bool:
+    """Whether programs run one after another (the interpreter): an exchanging program then
+    computes what it would wait for."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _exchange_buffers(x: torch.Tensor, column_blocks: int, num_chunks: int,
+                      num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 value a row and column block, zeroed int32 counters) of an exchanging launch:
+    the ticket counter, then one arrival counter per (chunk, group)."""
+    rows = x.numel() // x.shape[-1]
+    values = torch.empty((rows * column_blocks,), dtype=torch.float32, device=x.device)
+    return values, torch.zeros((1 + num_chunks * num_groups,), dtype=torch.int32,
+                               device=x.device)
 
 
 def _forward_key(x, gate, weight, group_size, zero_centered_gamma, activation, norm_before_gate,
@@ -275,7 +306,8 @@ def inference_forward(signature: tuple, x: torch.Tensor, gate: torch.Tensor,
                    norm_before_gate=norm_before_gate, group_size=group_size, rounding=rounding)
     y, _ = forward(x, gate, weight, eps=eps, traceable=False, store_rstd=False, **options)
     plan = _PLANS.get(_forward_key(x, gate, weight, store_rstd=False, **options))
-    if plan is not None and not plan.layout_copies:
+    # An exchanging launch needs fresh counters every call: it keeps the full path.
+    if plan is not None and not plan.layout_copies and not plan.exchange:
         _cached_plan(signature, lambda: _InferenceLaunch(plan, eps))
     return y
 
@@ -329,7 +361,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
                     DX_ROWS_AS_X=share and dx_as_x, DGATE_ROWS_AS_X=share and dgate_as_x,
                     SPLIT_PASS=WHOLE_GROUPS.value, DOT_BLOCKS=1,
                     LAUNCH_DEPENDENTS=early and weight is not None, WAIT_FOR_PRIOR_GRID=False)
-        meta["ONE_PROGRAM_AT_A_TIME"] = os.environ.get("TRITON_INTERPRET", "0") == "1"
+        meta["ONE_PROGRAM_AT_A_TIME"] = _one_program_at_a_time()
         row_dots_meta = None
         exchange = config.long_row and _config.BACKWARD_LONG_ROW_EXCHANGE
         if config.long_row:
@@ -375,15 +407,15 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
     # num_chunks == 1.
     scratch = torch.empty(((num_chunks + blocks) * d,) if weight is not None else (0,),
                           dtype=torch.float32, device=x.device)
-    # One fp32 per row and column block; unused without a split, where any fp32 tensor
-    # stands in for the pointer.
-    row_dots = (torch.empty((x.numel() // d * plan.column_blocks,),
-                            dtype=torch.float32, device=x.device)
-                if plan.row_dots_meta is not None or plan.exchange else rstd)
-    # The exchange's ticket counter and one arrival counter per (chunk, group), zeroed; rstd
-    # stands in for the pointer otherwise.
-    arrivals = (torch.zeros((1 + num_chunks * num_groups,), dtype=torch.int32, device=x.device)
-                if plan.exchange else rstd)
+    if plan.exchange:
+        row_dots, arrivals = _exchange_buffers(x, plan.column_blocks, num_chunks, num_groups)
+    else:
+        # One fp32 per row and column block with a cut; unused without one, where any fp32
+        # tensor stands in for the pointer (and for the exchange's counters).
+        row_dots = (torch.empty((x.numel() // d * plan.column_blocks,), dtype=torch.float32,
+                                device=x.device)
+                    if plan.row_dots_meta is not None else rstd)
+        arrivals = rstd
     tensors = (x, gate, x if weight is None else weight, dy, rstd, dx, dgate, scratch,
                row_dots, arrivals)
     if traceable:

@@ -61,23 +61,27 @@ else:
 if os.environ.get("TRITON_INTERPRET", "0") == "1" or torch.version.hip:
     @triton.jit
     def publish_and_count(pointers, values, mask, counter):
-        """Store one row's value and add 1 to the int32 at ``counter`` (release)."""
+        """Store one row's value (where ``mask``) and add 1 to the int32 at ``counter``
+        (release, always)."""
         tl.store(pointers, values, mask=mask)
         tl.atomic_add(counter, 1, sem="release", scope="gpu")
 else:
     @triton.jit
     def publish_and_count(pointers, values, mask, counter):
         """Store the value of a one-row tile's row (every thread holds it after the row's
-        reduction) and add 1 to the int32 at ``counter`` with release ordering, both from
-        thread 0, so the release covers the store without a barrier. A ``tl.debug_barrier``
+        reduction; not where ``mask`` is false) and add 1 to the int32 at ``counter`` with
+        release ordering (always: a row past the end counts too, or the programs waiting
+        for it would wait forever), both from thread 0, so the release covers the store
+        without a barrier. A ``tl.debug_barrier``
         before a ``tl.atomic_add`` would do the same, but a barrier in the backward's row loop
         stops Triton from pipelining its loads (no cp.async at all, offline sm_90 SASS)."""
         tl.inline_asm_elementwise(
-            "{ .reg .pred valid, first; .reg .b32 thread;\n"
+            "{ .reg .pred valid, first, store; .reg .b32 thread;\n"
             "setp.ne.b32 valid, $4, 0;\n"
             "mov.u32 thread, %tid.x;\n"
-            "setp.eq.and.u32 first, thread, 0, valid;\n"
-            "@first st.global.b32 [$1], $2;\n"
+            "setp.eq.u32 first, thread, 0;\n"
+            "and.pred store, first, valid;\n"
+            "@store st.global.b32 [$1], $2;\n"
             "@first red.release.gpu.global.add.s32 [$3], 1;\n"
             "mov.b32 $0, 0; }",
             "=r,l,r,l,r", [pointers.to(tl.int64), values,
