@@ -30,3 +30,24 @@ def test_kernel_parses_with_integer_arguments_as_constants(kernel):
     result = subprocess.run([sys.executable, str(SCRIPT), kernel], env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+
+
+def test_kernel_sources_hold_no_backslash_escapes():
+    # Inductor copies every jit function a user kernel calls into the Python file it generates
+    # (the GPU's definitions: inline PTX where the interpreter has plain Triton), where an
+    # escaped newline inside an asm string became a real one and broke the file's import
+    # (GPU suite, session 18). Checked on the compiled-mode sources, in a subprocess.
+    source = (
+        "import triton\n"
+        "from gatednorm.kernels import backward, forward, pointwise\n"
+        "bad = [f'{m.__name__}.{name}' for m in (backward, forward, pointwise)\n"
+        "       for name, fn in vars(m).items()\n"
+        "       if isinstance(fn, triton.JITFunction) and chr(92) in fn.src]\n"
+        "print(bad)\n"
+        "raise SystemExit(1 if bad else 0)\n")
+    env = dict(os.environ, TRITON_INTERPRET="0",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(SCRIPT.parent.parent),
+                                                        os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, "-c", source], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]

@@ -142,3 +142,21 @@ def test_forward_exchange_without_rstd_and_with_a_sliced_gate(narrow_forward_exc
     truth = fp64_truth(x, gate.contiguous(), weight, torch.ones_like(x)).y
     # bf16 y (the interpreter truncates): a few bf16 ulps of each value.
     assert torch.allclose(want.double(), truth, rtol=3e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("narrow_long_rows", [128], indirect=True, ids=["blocks_of_128"])
+@pytest.mark.parametrize("narrow_forward_exchange", [128], indirect=True, ids=["blocks_of_128"])
+def test_groups_of_more_blocks_than_run_side_by_side_keep_the_long_row_kernels(
+        monkeypatch, narrow_long_rows, narrow_forward_exchange):
+    # 1000 columns are 8 blocks of 128: over a limit of 4, neither pass exchanges (a wait on
+    # more blocks than a GPU can hold at once would never end).
+    monkeypatch.setattr(config, "EXCHANGE_MAX_BLOCKS", 4)
+    monkeypatch.setattr(config, "BACKWARD_LONG_ROW_EXCHANGE", True)
+    x, gate, weight, dy = make_inputs((3, 1000), torch.float16)
+    result = fused(x, gate, weight, dy, rounding="te")
+    plans = {key[0]: plan for key, plan in launch._PLANS.items()}
+    assert not plans["fwd"].exchange  # the table's kernel for 1000 columns
+    assert plans["fwd"].kernel.__name__ != "forward_exchange_kernel"
+    assert not plans["bwd"].exchange and plans["bwd"].row_dots_meta is not None
+    assert_three_way(result, composite(x, gate, weight, dy, rounding="te"),
+                     fp64_truth(x, gate, weight, dy, rounding="te"), 3)

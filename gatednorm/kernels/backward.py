@@ -19,6 +19,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from gatednorm.kernels.pointwise import (
+    arrival_counter,
+    load_published,
     publish_and_count,
     wait_for_count,
     activation_and_slope,
@@ -108,7 +110,8 @@ def backward_tile_kernel(
 
     EXCHANGE_PASS does both in one launch and loads every element once: after each tile a
     program writes its rows' dots to ROW_DOTS, counts itself in its (chunk, group)'s arrival
-    counter (int32 ARRIVALS[1 + chunk * num_groups + group], zeroed by the launcher) and
+    counter (int32 ARRIVALS[ARRIVAL_STRIDE * (1 + chunk * num_groups + group)], zeroed by the
+    launcher) and
     waits until all of the group's blocks have arrived for that tile, then sums the dots in
     block order as INPUT_GRADS_PASS does. A program's index is a ticket (ARRIVALS[0]) taken
     when it starts, not its launch index: the programs it waits for are then the next ones to
@@ -268,7 +271,7 @@ def backward_tile_kernel(
                                + (group * blocks_per_group + blocks)[None, :])
                 dot_mask = row_mask[:, None] & (blocks < blocks_per_group)[None, :]
                 if SPLIT_PASS == EXCHANGE_PASS:
-                    arrivals = ARRIVALS + 1 + chunk * num_groups + group
+                    arrivals = arrival_counter(ARRIVALS, 1 + chunk * num_groups + group)
                     publish_and_count(ROW_DOTS + rows_idx * column_blocks + column_block,
                                       tl.sum(grad_hhat * h_hat, axis=1), row_mask, arrivals)
                     expected = (tile_start // BLOCK_ROWS + 1) * blocks_per_group
@@ -293,10 +296,7 @@ def backward_tile_kernel(
                                         mask=row_mask)
                     else:
                         wait_for_count(arrivals, expected)
-                    # From L2 (.cg): another SM wrote them, and this SM's L1 may hold the
-                    # line from an earlier tile.
-                    dots = tl.load(ROW_DOTS + dot_offsets, mask=dot_mask, other=0.0,
-                                   cache_modifier=".cg")
+                    dots = load_published(ROW_DOTS + dot_offsets, dot_mask)
                 else:
                     dots = tl.load(ROW_DOTS + dot_offsets, mask=dot_mask, other=0.0)
                 mean_term = tl.sum(dots, axis=1) / group_size

@@ -103,6 +103,10 @@ FORWARD_LONG_ROW = (4096, 16, 1)
 # (forward_exchange_kernel), in place of the table's tile or the long-row kernel. None: off
 # (under measurement).
 FORWARD_EXCHANGE: tuple[int, int, int, int, int] | None = None
+# An exchanging launch waits for all of a group's column blocks side by side, which every GPU
+# this runs on can hold at this many (a few SMs' worth of programs); wider groups keep the
+# long-row kernels (forward_long_row_kernel, the backward's two launches).
+EXCHANGE_MAX_BLOCKS = 16
 BACKWARD_LONG_ROW = (2048, 4, 3)
 # Shared memory a block may use when the device cannot be asked (H100 and H200: 227 KB), and
 # what to leave beside the prefetch buffers for the kernels' reductions.
@@ -304,7 +308,8 @@ def forward_config(group_size: int) -> LaunchConfig:
     """Forward tile for one group size (the same element count for every dtype)."""
     if FORWARD_EXCHANGE is not None and group_size >= FORWARD_EXCHANGE[0]:
         _, block_n, num_warps, stages, programs = FORWARD_EXCHANGE
-        return LaunchConfig(1, block_n, num_warps, True, stages, programs, exchange=True)
+        if triton.cdiv(group_size, block_n) <= EXCHANGE_MAX_BLOCKS:
+            return LaunchConfig(1, block_n, num_warps, True, stages, programs, exchange=True)
     return _tile_config(group_size, FORWARD_TILES, FORWARD_PARTIAL_TILES, FORWARD_LONG_ROW,
                         FORWARD_TILE_TARGET_PROGRAMS, FORWARD_PARTIAL_TILE_TARGET_PROGRAMS,
                         FORWARD_SPLIT_TILES)

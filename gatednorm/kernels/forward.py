@@ -14,10 +14,12 @@ import triton
 import triton.language as tl
 
 from gatednorm.kernels.pointwise import (
+    arrival_counter,
     activation_and_slope,
     forward_output,
     gated_input,
     load_gamma,
+    load_published,
     publish_and_count,
     row_offsets,
     row_offsets_or,
@@ -298,8 +300,9 @@ def forward_exchange_kernel(
     EXCHANGE_PASS) owns column block ``pid % column_blocks`` of chunk ``pid //
     column_blocks`` and walks the chunk's rows one at a time, LOOP_STAGES rows of loads in
     flight. Per row it writes its block's sum of h^2 to fp32 PARTIALS[row, column block],
-    counts itself in the (chunk, group)'s arrival counter (int32 ARRIVALS[1 + chunk *
-    num_groups + group], zeroed by the launcher), waits for the group's other blocks, and
+    counts itself in the (chunk, group)'s arrival counter (int32 ARRIVALS[ARRIVAL_STRIDE *
+    (1 + chunk * num_groups + group)], zeroed by the launcher), waits for the group's other
+    blocks, and
     sums the partials in block order: rstd has the same bits whichever program computes it.
     Block 0 stores rstd. ONE_PROGRAM_AT_A_TIME (the interpreter): missing partials are
     computed from x and gate (block_sum_square) instead of waited for.
@@ -315,7 +318,7 @@ def forward_exchange_kernel(
     col_mask = cols < group_size - block_start
     group_offset = group.to(tl.int64) * group_size + block_start
     gamma = load_gamma(W, group_offset + cols, col_mask, HAS_WEIGHT, ZERO_CENTERED)
-    arrivals = ARRIVALS + 1 + chunk * num_groups + group
+    arrivals = arrival_counter(ARRIVALS, 1 + chunk * num_groups + group)
     blocks = tl.arange(0, DOT_BLOCKS)
     partial_mask = blocks < blocks_per_group
     chunk_start = chunk.to(tl.int64) * rows_per_chunk
@@ -349,10 +352,8 @@ def forward_exchange_kernel(
                                  mask=row_mask)
         else:
             wait_for_count(arrivals, expected)
-        # From L2 (.cg): other SMs wrote them, and this SM's L1 may hold the line already.
-        partials = tl.load(partial_row[:, None] + blocks[None, :],
-                           mask=row_mask[:, None] & partial_mask[None, :], other=0.0,
-                           cache_modifier=".cg")
+        partials = load_published(partial_row[:, None] + blocks[None, :],
+                                  row_mask[:, None] & partial_mask[None, :])
         rstd = 1.0 / tl.sqrt(tl.sum(partials, axis=1) / group_size + eps)  # [1]
         y = forward_output(h * rstd[:, None], act, gamma, X.dtype.element_ty,
                            WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)

@@ -49,6 +49,7 @@ from gatednorm.kernels.forward import (
     forward_tile_kernel,
 )
 from gatednorm.kernels.layout import RowLayout, row_layout
+from gatednorm.kernels.pointwise import ARRIVAL_STRIDE
 
 ACTIVATION_FLAG = {"silu": 0, "sigmoid": 1}
 ROUNDING_FLAG = {"te": 0, "fp32": 1, "hf": 2}
@@ -254,11 +255,11 @@ def _one_program_at_a_time() -> bool:
 def _exchange_buffers(x: torch.Tensor, column_blocks: int, num_chunks: int,
                       num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 value a row and column block, zeroed int32 counters) of an exchanging launch:
-    the ticket counter, then one arrival counter per (chunk, group)."""
+    the ticket counter, then one arrival counter per (chunk, group), ARRIVAL_STRIDE apart."""
     rows = x.numel() // x.shape[-1]
     values = torch.empty((rows * column_blocks,), dtype=torch.float32, device=x.device)
-    return values, torch.zeros((1 + num_chunks * num_groups,), dtype=torch.int32,
-                               device=x.device)
+    return values, torch.zeros((ARRIVAL_STRIDE * (1 + num_chunks * num_groups),),
+                               dtype=torch.int32, device=x.device)
 
 
 def _forward_key(x, gate, weight, group_size, zero_centered_gamma, activation, norm_before_gate,
@@ -363,7 +364,8 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
                     LAUNCH_DEPENDENTS=early and weight is not None, WAIT_FOR_PRIOR_GRID=False)
         meta["ONE_PROGRAM_AT_A_TIME"] = _one_program_at_a_time()
         row_dots_meta = None
-        exchange = config.long_row and _config.BACKWARD_LONG_ROW_EXCHANGE
+        exchange = (config.long_row and _config.BACKWARD_LONG_ROW_EXCHANGE
+                    and column_blocks // num_groups <= _config.EXCHANGE_MAX_BLOCKS)
         if config.long_row:
             dot_blocks = triton.next_power_of_2(column_blocks // num_groups)
             if exchange:

@@ -58,6 +58,23 @@ else:
             dtype=tl.int32, is_pure=False, pack=1)
 
 
+# The exchanging kernels' hand-over between programs (variants 49-50): a row's value written
+# and counted by one program, waited for and read by the others. Inline PTX because Triton's
+# own tools for it break the row loop's software pipelining: a tl.debug_barrier or a nested
+# while loop stops it (no cp.async at all, offline sm_90 SASS), and a tl.load of another
+# program's values inside a pipelined loop is prefetched stages ahead, before the wait that
+# should precede it. Each string is one line: Inductor copies these sources into the files it
+# generates for torch.compile, where an escaped newline broke the import.
+# Arrival counters sit this many int32 apart, one 128-byte L2 line each: counters sharing a
+# line would share its polling and atomics (arrival_counter writes it out for the kernels).
+ARRIVAL_STRIDE = 32
+
+
+@triton.jit
+def arrival_counter(ARRIVALS, index):
+    """Pointer to arrival counter ``index`` (0: the ticket counter), ARRIVAL_STRIDE apart."""
+    return ARRIVALS + 32 * index
+
 if os.environ.get("TRITON_INTERPRET", "0") == "1" or torch.version.hip:
     @triton.jit
     def publish_and_count(pointers, values, mask, counter):
@@ -65,50 +82,62 @@ if os.environ.get("TRITON_INTERPRET", "0") == "1" or torch.version.hip:
         (release, always)."""
         tl.store(pointers, values, mask=mask)
         tl.atomic_add(counter, 1, sem="release", scope="gpu")
+
+    @triton.jit
+    def wait_for_count(counter, at_least):
+        """No waiting in the interpreter: its callers compute what they would wait for."""
+        tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+
+    @triton.jit
+    def load_published(pointers, mask):
+        """fp32 values other programs published (0 where ``mask`` is false)."""
+        return tl.load(pointers, mask=mask, other=0.0)
 else:
     @triton.jit
     def publish_and_count(pointers, values, mask, counter):
         """Store the value of a one-row tile's row (every thread holds it after the row's
         reduction; not where ``mask`` is false) and add 1 to the int32 at ``counter`` with
         release ordering (always: a row past the end counts too, or the programs waiting
-        for it would wait forever), both from thread 0, so the release covers the store
-        without a barrier. A ``tl.debug_barrier``
-        before a ``tl.atomic_add`` would do the same, but a barrier in the backward's row loop
-        stops Triton from pipelining its loads (no cp.async at all, offline sm_90 SASS)."""
+        for it would wait forever), both from thread 0, so that the release covers the store
+        without a barrier."""
         tl.inline_asm_elementwise(
-            "{ .reg .pred valid, first, store; .reg .b32 thread;\n"
-            "setp.ne.b32 valid, $4, 0;\n"
-            "mov.u32 thread, %tid.x;\n"
-            "setp.eq.u32 first, thread, 0;\n"
-            "and.pred store, first, valid;\n"
-            "@store st.global.b32 [$1], $2;\n"
-            "@first red.release.gpu.global.add.s32 [$3], 1;\n"
-            "mov.b32 $0, 0; }",
+            "{ .reg .pred valid, first, store; .reg .b32 thread; "
+            "setp.ne.b32 valid, $4, 0; mov.u32 thread, %tid.x; setp.eq.u32 first, thread, 0; "
+            "and.pred store, first, valid; @store st.global.b32 [$1], $2; "
+            "@first red.release.gpu.global.add.s32 [$3], 1; mov.b32 $0, 0; }",
             "=r,l,r,l,r", [pointers.to(tl.int64), values,
                            (counter + tl.zeros_like(mask.to(tl.int32))).to(tl.int64),
                            mask.to(tl.int32)],
             dtype=tl.int32, is_pure=False, pack=1)
 
+    @triton.jit
+    def wait_for_count(counter, at_least):
+        """Wait until the int32 at ``counter`` (a scalar pointer) is at least ``at_least``:
+        thread 0 polls it with acquire ordering, then every thread of the program meets at
+        named barrier 15 (Triton's own barriers use 0), after which what the counted programs
+        wrote before their release is visible to all of them. One poller a program, not
+        every thread: hundreds of programs polling a few L2 lines with every thread slowed
+        the whole GPU down 10x (h200-2026-12-03-launch-sweep-v15-*-exchange-r1)."""
+        tl.inline_asm_elementwise(
+            "{ .reg .pred first, waiting; .reg .b32 thread, seen; mov.u32 thread, %tid.x; "
+            "setp.eq.u32 first, thread, 0; @!first bra done_${:uid}; "
+            "spin_${:uid}: ld.acquire.gpu.global.b32 seen, [$1]; "
+            "setp.lt.s32 waiting, seen, $2; @waiting bra spin_${:uid}; "
+            "done_${:uid}: bar.sync 15; mov.b32 $0, 0; }",
+            "=r,l,r", [(counter + tl.zeros([1], tl.int32)).to(tl.int64),
+                       at_least + tl.zeros([1], tl.int32)],
+            dtype=tl.int32, is_pure=False, pack=1)
 
-@triton.jit
-def wait_for_count(counter, at_least):
-    """Spin until the int32 at ``counter`` (a scalar pointer) is at least ``at_least``, with
-    acquire ordering: what the programs that counted themselves wrote before their release is
-    then visible to every thread of this one. An inline PTX loop, not a Triton ``while``: a
-    nested loop stops Triton from pipelining the loop around it (the backward's row loop,
-    whose loads of the next tile then no longer overlap this tile's work). Each thread polls
-    (one L2 line, so the same transaction) and is ordered by its own acquire. Not in the
-    interpreter, which runs one program at a time (its callers take another path there)."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred waiting; .reg .b32 seen;\n"
-        "spin_${:uid}:\n"
-        "ld.acquire.gpu.global.b32 seen, [$1];\n"
-        "setp.lt.s32 waiting, seen, $2;\n"
-        "@waiting bra spin_${:uid};\n"
-        "mov.b32 $0, seen; }",
-        "=r,l,r", [(counter + tl.zeros([1], tl.int32)).to(tl.int64),
-                   at_least + tl.zeros([1], tl.int32)],
-        dtype=tl.int32, is_pure=False, pack=1)
+    @triton.jit
+    def load_published(pointers, mask):
+        """fp32 values other programs published (0 where ``mask`` is false), read after
+        wait_for_count: strong loads (from L2, never a stale L1 line) that Triton cannot
+        prefetch ahead of the wait."""
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred valid; setp.ne.b32 valid, $2, 0; mov.b32 $0, 0; "
+            "@valid ld.relaxed.gpu.global.b32 $0, [$1]; }",
+            "=r,l,r", [pointers.to(tl.int64), mask.to(tl.int32)],
+            dtype=tl.float32, is_pure=False, pack=1)
 
 
 @triton.jit
