@@ -107,10 +107,9 @@ def main() -> None:
                              "(a group held as head + tail, config.head_and_tail)")
     parser.add_argument("--row-loop", action="store_true",
                         help="forward: the row-loop kernel (prefetching --stages deep)")
-    parser.add_argument("--split-pass", type=int, default=0, choices=(0, 1, 2, 3),
+    parser.add_argument("--split-pass", type=int, default=0, choices=(0, 1, 2),
                         help="backward: 0 whole groups, 1 row dot products, 2 dx / dgate of "
-                             "a group cut into column blocks, 3 both in one launch "
-                             "(backward.SPLIT_PASS)")
+                             "a group cut into column blocks (backward.SPLIT_PASS)")
     parser.add_argument("--vector-elements", type=int, default=8, choices=(1, 2, 4, 8),
                         help="the ROW_ALIGN hint: loads and stores this many elements wide "
                              "(LaunchConfig.max_vector_elements)")
@@ -124,7 +123,7 @@ def main() -> None:
     gate_as_x = as_x and args.leading_dims == 1
     if args.pass_ == "bwd":
         pointers = {name: "*bf16" for name in ("X", "GATE", "W", "DY", "DX", "DGATE")}
-        pointers.update(RSTD="*fp32", DW_PARTIAL="*fp32", ROW_DOTS="*fp32", ARRIVALS="*i32")
+        pointers.update(RSTD="*fp32", DW_PARTIAL="*fp32", ROW_DOTS="*fp32")
         compiled = compile_for_sm90(
             backward.backward_tile_kernel, pointers,
             dict(flags, BLOCK_ROWS=args.block_rows or 4, BLOCK_N=args.block_n,
@@ -132,7 +131,7 @@ def main() -> None:
                  DY_ROWS_AS_X=as_x, DX_ROWS_AS_X=as_x, DGATE_ROWS_AS_X=as_x,
                  SPLIT_PASS=args.split_pass,
                  DOT_BLOCKS=4 if args.split_pass else 1, LAUNCH_DEPENDENTS=False,
-                 WAIT_FOR_PRIOR_GRID=False, ONE_PROGRAM_AT_A_TIME=False), args.warps or 1)
+                 WAIT_FOR_PRIOR_GRID=False), args.warps or 1)
     else:
         pointers = {name: "*bf16" for name in ("X", "GATE", "W", "Y")}
         pointers.update(RSTD="*fp32")

@@ -128,13 +128,6 @@ BACKWARD_SPLIT_TILES: dict[int, list[tuple[int, int, int]]] = {}
 FORWARD_LONG_ROWS = [(2048, 8), (4096, 8), (4096, 16)]
 # The backward's column blocks of a long row (one-row tiles, two launches).
 BACKWARD_LONG_ROWS = [(1024, 4), (2048, 4), (2048, 8), (4096, 8)]
-# --exchange: the backward's long rows in two launches (False) and / or in one exchanging
-# launch (True, config.BACKWARD_LONG_ROW_EXCHANGE). --long-rows-from: tile widths from which
-# the candidates are long rows too (the library's table holds up to 8192 whole).
-EXCHANGE_MODES = [False]
-# Column blocks (block_n, num_warps) of the forward's exchanging launch (variant 50).
-FORWARD_EXCHANGE_TILES = [(2048, 4), (4096, 4), (4096, 8), (8192, 16)]
-LONG_ROWS_FROM: int | None = None
 
 
 def parse_tiles(text: str) -> dict[int, list[tuple[int, int, int]]]:
@@ -161,8 +154,7 @@ def _candidates(shape: Shape, tiles: dict, library_tiles: dict, long_rows: list,
     candidates = [LaunchConfig(rows, block_n, warps, False, s,
                                max_vector_elements=vector[0] if vector else 0)
                   for rows, warps, *vector in tiles.get(block_n, []) for s in tile_stages]
-    if block_n > max(library_tiles) or (LONG_ROWS_FROM is not None
-                                        and block_n >= LONG_ROWS_FROM):
+    if block_n > max(library_tiles):
         candidates += [LaunchConfig(1, n, w, True, s) for n, w in long_rows
                        for s in long_row_stages]
     return candidates
@@ -170,16 +162,10 @@ def _candidates(shape: Shape, tiles: dict, library_tiles: dict, long_rows: list,
 
 def forward_candidates(shape: Shape, stages, tile_stages=(1,)) -> list[LaunchConfig]:
     """Tile candidates at each of ``tile_stages`` (1: the one-tile kernel; more: the row-loop
-    kernel, prefetching that deep); long rows at each of ``stages``; with --exchange on,
-    exchanging column blocks (forward_exchange_kernel) for groups of 16384 or more (or from
-    --long-rows-from) at each of ``tile_stages``."""
-    exchange = []
-    if True in EXCHANGE_MODES and shape.group_size >= (LONG_ROWS_FROM or 16384):
-        exchange = [LaunchConfig(1, n, w, True, s, exchange=True)
-                    for n, w in FORWARD_EXCHANGE_TILES for s in tile_stages]
+    kernel, prefetching that deep); long rows at each of ``stages``."""
     return (_candidates(shape, FORWARD_TILES, config_module.FORWARD_TILES, FORWARD_LONG_ROWS,
                         tile_stages, stages)
-            + _split_candidates(shape, FORWARD_SPLIT_TILES, tile_stages) + exchange)
+            + _split_candidates(shape, FORWARD_SPLIT_TILES, tile_stages))
 
 
 def _split_candidates(shape: Shape, split_tiles: dict, stages) -> list[LaunchConfig]:
@@ -272,39 +258,34 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                   traceable=False, **options)
     records = []
 
-    def record(pass_name, config, target, ms, kernel, bytes_per_element, min_rows=None,
-               exchange=False):
+    def record(pass_name, config, target, ms, kernel, bytes_per_element, min_rows=None):
         gbps = bytes_per_element * elements / (ms * 1e-3) / 1e9
         entry = dict(shape=shape.name, dtype=str(dtype).removeprefix("torch."),
                      gate_layout=gate_layout, timer=timer, rows=shape.rows, d=shape.d, group_size=shape.group_size,
                      norm_before_gate=shape.norm_before_gate, pass_=pass_name,
                      config=asdict(config), target_programs=target,
                      min_rows_per_chunk=min_rows or config_module.MIN_ROWS_PER_CHUNK,
-                     exchange=exchange, median_ms=ms, gbps=gbps,
+                     median_ms=ms, gbps=gbps,
                      frac_copy=gbps / copy_gbps, **compiled_resources(kernel))
         records.append(entry)
         print(f"{pass_name} {shape.name} rows={config.block_rows} n={config.block_n}"
-              + (" exchange" if config.exchange else "")
               + (f"+{config.tail_n}" if config.tail_n else "")
               + (f" v{config.max_vector_elements}" if config.max_vector_elements else "") + " "
               f"w={config.num_warps} long={config.long_row} stages={config.loop_stages} "
-              + (" exchange" if exchange else "") + " "
               f"T={target} min_rows={entry['min_rows_per_chunk']} {ms * 1e3:.1f} us {entry['frac_copy'] * 100:.1f}% "
               f"regs={entry.get('registers')} spills={entry.get('spills')}", flush=True)
 
     if "fwd" in passes:
         saved_target = config_module.FORWARD_TARGET_PROGRAMS
         for config in forward_candidates(shape, stages, forward_stages):
-            if config.exchange:
-                kernel = forward_kernels.forward_exchange_kernel
-            elif config.long_row:
+            if config.long_row:
                 kernel = forward_kernels.forward_long_row_kernel
             elif config.loop_stages > 1:
                 kernel = forward_kernels.forward_row_loop_kernel
             else:
                 kernel = forward_kernels.forward_tile_kernel
-            for target in (forward_targets if (config.loop_stages > 1 and not config.long_row)
-                           or config.exchange else [None]):
+            for target in (forward_targets if config.loop_stages > 1 and not config.long_row
+                           else [None]):
                 launch.forward_config = lambda group_size, c=config: c
                 if target is not None:
                     config_module.FORWARD_TARGET_PROGRAMS = target
@@ -333,16 +314,12 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                 rstds[x.data_ptr()] = launch.forward(x, gate, weight, eps=1e-6, **common)[1]
             return rstds[x.data_ptr()]
 
-        saved_exchange = config_module.BACKWARD_LONG_ROW_EXCHANGE
         for config in backward_candidates(shape, stages):
             kernel = backward_kernels.backward_tile_kernel  # long rows: cut into its tiles
-            for target, min_rows, exchange in itertools.product(
-                    targets, min_rows_per_chunk,
-                    EXCHANGE_MODES if config.long_row else [False]):
+            for target, min_rows in itertools.product(targets, min_rows_per_chunk):
                 launch.backward_config = lambda group_size, c=config: c
                 config_module.BACKWARD_TARGET_PROGRAMS = target
                 config_module.MIN_ROWS_PER_CHUNK = min_rows or saved_min_rows
-                config_module.BACKWARD_LONG_ROW_EXCHANGE = exchange
                 launch._PLANS.clear()
                 try:
                     ms = time_call(lambda x, gate, weight, dy: launch.backward(
@@ -353,10 +330,9 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                 # fit_shared_memory may have dropped the prefetch: record what ran.
                 plan = next(p for key, p in launch._PLANS.items() if key[0] == "bwd")
                 ran = replace(config, loop_stages=plan.meta["LOOP_STAGES"])
-                record("bwd", ran, target, ms, kernel, 10, min_rows, exchange)
+                record("bwd", ran, target, ms, kernel, 10, min_rows)
             forget_compiled(kernel)
         launch.backward_config = config_module.backward_config
-        config_module.BACKWARD_LONG_ROW_EXCHANGE = saved_exchange
         config_module.BACKWARD_TARGET_PROGRAMS = saved_target
         config_module.MIN_ROWS_PER_CHUNK = saved_min_rows
     return records
@@ -389,12 +365,6 @@ def main() -> None:
                         help="backward MIN_ROWS_PER_CHUNK values to try (default: the table's)")
     parser.add_argument("--long-rows", default="",
                         help='replace long-row candidates (both passes), e.g. "4096x8,2048x4"')
-    parser.add_argument("--exchange", default="off",
-                        help="off, on or off,on: the backward's long rows in two launches "
-                             "and / or one exchanging launch (variant 49); with on, the "
-                             "forward also tries exchanging column blocks (variant 50)")
-    parser.add_argument("--long-rows-from", type=int,
-                        help="also try long-row candidates for tile widths from this one")
     parser.add_argument("--timer", choices=("graph", "cold"), default="graph",
                         help="graph: CUDA-graph replay; cold: single calls as the benchmark")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
@@ -412,9 +382,6 @@ def main() -> None:
     BACKWARD_SPLIT_TILES.update(parse_tiles(args.backward_split))
     if args.long_rows:
         FORWARD_LONG_ROWS[:] = BACKWARD_LONG_ROWS[:] = parse_long_rows(args.long_rows)
-    EXCHANGE_MODES[:] = [{"off": False, "on": True}[v] for v in args.exchange.split(",")]
-    global LONG_ROWS_FROM
-    LONG_ROWS_FROM = args.long_rows_from
     min_rows = [int(v) for v in args.min_rows_per_chunk.split(",") if v] or [None]
     passes = args.passes.split(",")
     source = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")

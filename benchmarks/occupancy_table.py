@@ -29,8 +29,7 @@ from gatednorm.kernels.layout import VECTOR_ALIGN  # noqa: E402
 
 GROUP_SIZES = (64, 96, 128, 192, 256, 512, 640, 1024, 2048, 4096, 8192, 20000)
 POINTERS = ({name: "*bf16" for name in ("X", "GATE", "W", "DY", "DX", "DGATE")}
-            | {"RSTD": "*fp32", "DW_PARTIAL": "*fp32", "ROW_DOTS": "*fp32",
-                                           "ARRIVALS": "*i32"})
+            | {"RSTD": "*fp32", "DW_PARTIAL": "*fp32", "ROW_DOTS": "*fp32"})
 SMS = 132
 REGISTERS_PER_SM = 65536
 SHARED_BYTES_PER_SM = 233472  # 228 KB, of which the runtime keeps 1 KB per block
@@ -57,17 +56,13 @@ def launches(group_size: int, norm_before_gate: bool):
                  WEIGHT_PRODUCT_ROUNDED=False, BLOCK_ROWS=tile.block_rows,
                  BLOCK_N=tile.block_n, TAIL_N=tile.tail_n, LOOP_STAGES=tile.loop_stages,
                  GATE_ROWS_AS_X=share, DY_ROWS_AS_X=share, DX_ROWS_AS_X=share,
-                 DGATE_ROWS_AS_X=share, LAUNCH_DEPENDENTS=False, ONE_PROGRAM_AT_A_TIME=False)
+                 DGATE_ROWS_AS_X=share, LAUNCH_DEPENDENTS=False)
     target = config.backward_target_programs(tile)
     if not tile.long_row:
         yield "tile", dict(flags, SPLIT_PASS=0, DOT_BLOCKS=1, WAIT_FOR_PRIOR_GRID=False), \
             tile.num_warps, target
         return
     dot_blocks = 16
-    if config.BACKWARD_LONG_ROW_EXCHANGE:
-        yield "exchange", dict(flags, SPLIT_PASS=3, DOT_BLOCKS=dot_blocks,
-                               WAIT_FOR_PRIOR_GRID=False), tile.num_warps, target
-        return
     yield "row dots", dict(flags, SPLIT_PASS=1, DOT_BLOCKS=dot_blocks,
                            WAIT_FOR_PRIOR_GRID=False), tile.num_warps, target
     yield "input grads", dict(flags, SPLIT_PASS=2, DOT_BLOCKS=dot_blocks,

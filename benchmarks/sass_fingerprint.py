@@ -29,8 +29,7 @@ from gatednorm.kernels import backward, forward  # noqa: E402
 
 FORWARD_POINTERS = {name: "*bf16" for name in ("X", "GATE", "W", "Y")} | {"RSTD": "*fp32"}
 BACKWARD_POINTERS = ({name: "*bf16" for name in ("X", "GATE", "W", "DY", "DX", "DGATE")}
-                     | {"RSTD": "*fp32", "DW_PARTIAL": "*fp32", "ROW_DOTS": "*fp32",
-                                                       "ARRIVALS": "*i32"})
+                     | {"RSTD": "*fp32", "DW_PARTIAL": "*fp32", "ROW_DOTS": "*fp32"})
 
 
 def fingerprint(lines: list[str]) -> tuple[str, int]:
@@ -75,8 +74,7 @@ def variants():
             yield (f"backward_tile shared={share} {tag}", backward.backward_tile_kernel,
                    BACKWARD_POINTERS, dict(flags, BLOCK_ROWS=4, BLOCK_N=128, LOOP_STAGES=3,
                                            SPLIT_PASS=0, DOT_BLOCKS=1, **rows_as_x, **NO_PDL), 1)
-        # 3: both in one exchanging launch (trees before variant 49 lack it).
-        for split_pass in (1, 2, 3) if hasattr(backward, "EXCHANGE_PASS") else (1, 2):
+        for split_pass in (1, 2):
             yield (f"backward_split pass={split_pass} {tag}", backward.backward_tile_kernel,
                    BACKWARD_POINTERS, dict(flags, BLOCK_ROWS=1, BLOCK_N=2048, LOOP_STAGES=3,
                                            SPLIT_PASS=split_pass, DOT_BLOCKS=16,
@@ -89,8 +87,6 @@ def main() -> None:
     for name, kernel, pointers, constexprs, num_warps in variants():
         if "TAIL_N" in kernel.arg_names:  # trees before the head + tail forward lack it
             constexprs = dict(constexprs, TAIL_N=constexprs.get("TAIL_N", 0))
-        if "ONE_PROGRAM_AT_A_TIME" in kernel.arg_names:  # the GPU's exchange, not the interpreter's
-            constexprs = dict(constexprs, ONE_PROGRAM_AT_A_TIME=False)
         lines, _ = disassemble(compile_for_sm90(kernel, pointers, constexprs, num_warps))
         digest, length = fingerprint(lines)
         print(f"{name:60s} {digest} {length}", flush=True)

@@ -24,8 +24,6 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from gatednorm.kernels import backward, forward  # noqa: E402
 
 NO_PDL = dict(LAUNCH_DEPENDENTS=False, WAIT_FOR_PRIOR_GRID=False)
-# The backward on a GPU (the interpreter's exchange computes missing dots instead of waiting).
-ON_GPU = dict(ONE_PROGRAM_AT_A_TIME=False)
 KERNELS = {
     "forward_tile": (forward.forward_tile_kernel, dict(BLOCK_ROWS=16, BLOCK_N=128, TAIL_N=0,
                                                        STORE_RSTD=True)),
@@ -40,42 +38,35 @@ KERNELS = {
     "forward_long_row": (forward.forward_long_row_kernel, dict(BLOCK_ROWS=1, BLOCK_N=4096,
                                                                STORE_RSTD=True,
                                                                LOOP_STAGES=2)),
-    # A group cut into column blocks whose programs exchange their partial sums (variant 50).
-    "forward_exchange": (forward.forward_exchange_kernel, dict(
-        BLOCK_N=4096, DOT_BLOCKS=8, STORE_RSTD=True, LOOP_STAGES=3, **ON_GPU)),
     "backward_tile": (backward.backward_tile_kernel, dict(BLOCK_ROWS=4, BLOCK_N=128, TAIL_N=0,
                                                           LOOP_STAGES=3, SPLIT_PASS=0,
-                                                          DOT_BLOCKS=1, **NO_PDL, **ON_GPU)),
+                                                          DOT_BLOCKS=1, **NO_PDL)),
     # A group held as a head and a tail tile (96 = 64 + 32).
     "backward_tile_head_tail": (backward.backward_tile_kernel, dict(
         BLOCK_ROWS=4, BLOCK_N=64, TAIL_N=32, LOOP_STAGES=3, SPLIT_PASS=0, DOT_BLOCKS=1,
-        **NO_PDL, **ON_GPU)),
+        **NO_PDL)),
     # Eager launches on sm_90+: programmatic dependent launch between the backward's launches.
     "backward_tile_pdl": (backward.backward_tile_kernel, dict(
         BLOCK_ROWS=4, BLOCK_N=128, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=0, DOT_BLOCKS=1,
-        LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=False, **ON_GPU)),
+        LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=False)),
     # A group cut into column blocks: the row dot products, then dx and dgate.
     "backward_split_row_dots": (backward.backward_tile_kernel, dict(
         BLOCK_ROWS=1, BLOCK_N=2048, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=1, DOT_BLOCKS=16,
-        **NO_PDL, **ON_GPU)),
+        **NO_PDL)),
     "backward_split_input_grads": (backward.backward_tile_kernel, dict(
         BLOCK_ROWS=1, BLOCK_N=2048, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=2, DOT_BLOCKS=16,
-        **NO_PDL, **ON_GPU)),
+        **NO_PDL)),
     "backward_split_input_grads_pdl": (backward.backward_tile_kernel, dict(
         BLOCK_ROWS=1, BLOCK_N=2048, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=2, DOT_BLOCKS=16,
-        LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=True, **ON_GPU)),
-    # Both in one launch: the programs of a group's blocks exchange their dot products.
-    "backward_split_exchange": (backward.backward_tile_kernel, dict(
-        BLOCK_ROWS=1, BLOCK_N=2048, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=3, DOT_BLOCKS=16,
-        **NO_PDL, **ON_GPU)),
+        LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=True)),
     "dweight_reduce": (backward.dweight_reduce_kernel, dict(BLOCK_CHUNKS=128, BLOCK_COLS=32,
                                                             **NO_PDL)),
     "dweight_reduce_pdl": (backward.dweight_reduce_kernel, dict(
         BLOCK_CHUNKS=128, BLOCK_COLS=32, LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=True)),
 }
 POINTERS = {name: "*bf16" for name in ("X", "GATE", "W", "Y", "DY", "DX", "DGATE")}
-POINTERS.update(RSTD="*fp32", DW_PARTIAL="*fp32", ROW_DOTS="*fp32", ARRIVALS="*i32",
-                PARTIALS="*fp32", PARTIAL="*fp32", OUT="*fp32")
+POINTERS.update(RSTD="*fp32", DW_PARTIAL="*fp32", ROW_DOTS="*fp32", PARTIAL="*fp32",
+                OUT="*fp32")
 
 
 def parse(kernel, constexprs: dict, unit_ints: bool) -> None:
@@ -115,7 +106,6 @@ ROW_FLAGS = {
 # One-row tiles of a cut group never share row offsets (config.shares_row_offsets).
 ROW_FLAGS["backward_split_row_dots"] = ROW_FLAGS["backward_split_input_grads"] = [
     ROW_FLAGS["backward_tile"][0]]
-ROW_FLAGS["backward_split_exchange"] = ROW_FLAGS["backward_split_input_grads"]
 ROW_FLAGS["backward_tile_pdl"] = ROW_FLAGS["backward_tile"]
 ROW_FLAGS["backward_split_input_grads_pdl"] = ROW_FLAGS["backward_split_input_grads"]
 

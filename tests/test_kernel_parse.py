@@ -13,10 +13,8 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).with_name("parse_kernels.py")
-KERNELS = ["forward_tile", "forward_row_loop", "forward_long_row", "forward_exchange",
-           "backward_tile",
-           "backward_split_row_dots", "backward_split_input_grads", "backward_split_exchange",
-           "dweight_reduce",
+KERNELS = ["forward_tile", "forward_row_loop", "forward_long_row", "backward_tile",
+           "backward_split_row_dots", "backward_split_input_grads", "dweight_reduce",
            # The eager launches' programmatic-launch variants (never traced by Inductor, but
            # they must build for sm_90 like the rest).
            "backward_tile_pdl", "backward_split_input_grads_pdl", "dweight_reduce_pdl"]
@@ -36,7 +34,8 @@ def test_kernel_sources_hold_no_backslash_escapes():
     # Inductor copies every jit function a user kernel calls into the Python file it generates
     # (the GPU's definitions: inline PTX where the interpreter has plain Triton), where an
     # escaped newline inside an asm string became a real one and broke the file's import
-    # (GPU suite, session 18). Checked on the compiled-mode sources, in a subprocess.
+    # (variant 49's first GPU run, session 18). Checked on the compiled-mode sources, in a
+    # subprocess.
     source = (
         "import triton\n"
         "from gatednorm.kernels import backward, forward, pointwise\n"

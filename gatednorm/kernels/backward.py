@@ -5,9 +5,8 @@ size only, never of the GPU), so the partial sums, and therefore dweight, have t
 every run and every GPU. Program ``pid`` owns column block ``pid % column_blocks`` of chunk
 ``pid // column_blocks`` and writes its whole dweight partial row, even when the chunk is empty.
 A column block is a whole group, or, for groups wider than a register tile (SPLIT_PASS), one
-BLOCK_N-wide part of a group: either a first launch writes each row's dot product over each
-part and a second sums them in a fixed order and writes dx and dgate, or (EXCHANGE_PASS) one
-launch whose programs of a group's parts hand each other their dot products through memory.
+BLOCK_N-wide part of a group: a first launch writes each row's dot product over each part, a
+second sums them in a fixed order and writes dx and dgate.
 
     h_hat     = h * rstd                       (h = x, or x * act(gate) gate-first)
     grad_hhat = d loss / d h_hat, gamma included          (backward_pointwise)
@@ -19,10 +18,6 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from gatednorm.kernels.pointwise import (
-    arrival_counter,
-    load_published,
-    publish_and_count,
-    wait_for_count,
     activation_and_slope,
     backward_inputs,
     backward_pointwise,
@@ -48,37 +43,11 @@ RUNTIME_INTS = [
 WHOLE_GROUPS = tl.constexpr(0)  # a tile holds whole groups: one launch
 ROW_DOTS_PASS = tl.constexpr(1)  # write each row's dot product over the block to ROW_DOTS
 INPUT_GRADS_PASS = tl.constexpr(2)  # sum a row's dot products, write dx, dgate, dweight
-EXCHANGE_PASS = tl.constexpr(3)  # both in one launch: the parts wait for each other's dots
-
-
-@triton.jit
-def block_row_dot(X, GATE, W, DY, x_rows, g_rows, dy_rows, rstd, row_mask, weight_offset,
-                  columns_left, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                  ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
-                  NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr,
-                  WEIGHT_PRODUCT_ROUNDED: tl.constexpr):
-    """Each row's sum of grad_hhat * h_hat over one BLOCK_N-wide column block (pointers at
-    the block's first column), computed as the block's own program computes it."""
-    cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < columns_left
-    mask = row_mask[:, None] & col_mask[None, :]
-    X_DTYPE: tl.constexpr = X.dtype.element_ty
-    G_DTYPE: tl.constexpr = GATE.dtype.element_ty
-    x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    gamma = load_gamma(W, weight_offset + cols, col_mask, HAS_WEIGHT, ZERO_CENTERED)
-    act, slope = activation_and_slope(g, ACTIVATION)
-    h_hat = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING) * rstd[:, None]
-    grad_hhat, _, _ = backward_pointwise(act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE,
-                                         WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT, NORM_BEFORE_GATE,
-                                         ROUNDING)
-    return tl.sum(grad_hhat * h_hat, axis=1)
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
 def backward_tile_kernel(
-    X, GATE, W, DY, RSTD, DX, DGATE, DW_PARTIAL, ROW_DOTS, ARRIVALS,
+    X, GATE, W, DY, RSTD, DX, DGATE, DW_PARTIAL, ROW_DOTS,
     rows, size1, size2,
     stride_x0, stride_x1, stride_x2,
     stride_gate0, stride_gate1, stride_gate2,
@@ -94,7 +63,6 @@ def backward_tile_kernel(
     GATE_ROWS_AS_X: tl.constexpr, DY_ROWS_AS_X: tl.constexpr, DX_ROWS_AS_X: tl.constexpr,
     DGATE_ROWS_AS_X: tl.constexpr, SPLIT_PASS: tl.constexpr, DOT_BLOCKS: tl.constexpr,
     LAUNCH_DEPENDENTS: tl.constexpr, WAIT_FOR_PRIOR_GRID: tl.constexpr,
-    ONE_PROGRAM_AT_A_TIME: tl.constexpr,
 ):
     """[BLOCK_ROWS, BLOCK_N] tiles of one column block, looping over the chunk's rows.
 
@@ -107,19 +75,6 @@ def backward_tile_kernel(
     16 bytes an element in 16-bit dtypes instead of 10, but both launches are tile kernels
     with the whole GPU's parallelism, where one program walking a long row's columns twice
     serializes each row on a few warps.
-
-    EXCHANGE_PASS does both in one launch and loads every element once: after each tile a
-    program writes its rows' dots to ROW_DOTS, counts itself in its (chunk, group)'s arrival
-    counter (int32 ARRIVALS[ARRIVAL_STRIDE * (1 + chunk * num_groups + group)], zeroed by the
-    launcher) and
-    waits until all of the group's blocks have arrived for that tile, then sums the dots in
-    block order as INPUT_GRADS_PASS does. A program's index is a ticket (ARRIVALS[0]) taken
-    when it starts, not its launch index: the programs it waits for are then the next ones to
-    start, so a wait never depends on a program that cannot be scheduled because waiting ones
-    hold the SMs (the launcher keeps a group's blocks few enough to run side by side on any
-    GPU). ONE_PROGRAM_AT_A_TIME (the interpreter, which runs programs one after another): a
-    program that finds blocks missing computes their dots itself from x, gate and dy
-    (block_row_dot, the same arithmetic) instead of waiting.
 
     TAIL_N > 0 (whole groups only): a group is held as BLOCK_N columns and a tail tile of
     TAIL_N more (config.head_and_tail: 192 = 128 + 64), not one padded power-of-two tile;
@@ -135,12 +90,7 @@ def backward_tile_kernel(
         gdc_launch_dependents()
     if WAIT_FOR_PRIOR_GRID:
         gdc_wait()
-    if SPLIT_PASS == EXCHANGE_PASS:
-        # publish_and_count stores the row's dot from thread 0: one-row tiles only.
-        tl.static_assert(BLOCK_ROWS == 1)
-        pid = tl.atomic_add(ARRIVALS, 1, sem="relaxed")
-    else:
-        pid = tl.program_id(0)
+    pid = tl.program_id(0)
     column_block = pid % column_blocks
     chunk = pid // column_blocks
     if SPLIT_PASS == WHOLE_GROUPS:
@@ -267,38 +217,10 @@ def backward_tile_kernel(
                 mean_term = row_dot / group_size
             else:
                 blocks = tl.arange(0, DOT_BLOCKS)
-                dot_offsets = (rows_idx[:, None] * column_blocks
-                               + (group * blocks_per_group + blocks)[None, :])
-                dot_mask = row_mask[:, None] & (blocks < blocks_per_group)[None, :]
-                if SPLIT_PASS == EXCHANGE_PASS:
-                    arrivals = arrival_counter(ARRIVALS, 1 + chunk * num_groups + group)
-                    publish_and_count(ROW_DOTS + rows_idx * column_blocks + column_block,
-                                      tl.sum(grad_hhat * h_hat, axis=1), row_mask, arrivals)
-                    expected = (tile_start // BLOCK_ROWS + 1) * blocks_per_group
-                    if ONE_PROGRAM_AT_A_TIME:
-                        # The interpreter: the blocks after this one have not run yet.
-                        seen = tl.atomic_add(arrivals, 0, sem="acquire", scope="gpu")
-                        if seen < expected:
-                            own_block = column_block - group * blocks_per_group
-                            for other in range(0, blocks_per_group):
-                                if other != own_block:
-                                    shift = (other - own_block) * BLOCK_N
-                                    tl.store(
-                                        ROW_DOTS + rows_idx * column_blocks
-                                        + group * blocks_per_group + other,
-                                        block_row_dot(X + shift, GATE + shift, W, DY + shift,
-                                                      x_rows, g_rows, dy_rows, rstd, row_mask,
-                                                      group_offset + shift,
-                                                      group_size - block_start - shift,
-                                                      BLOCK_N, HAS_WEIGHT, ZERO_CENTERED,
-                                                      ACTIVATION, NORM_BEFORE_GATE, ROUNDING,
-                                                      WEIGHT_PRODUCT_ROUNDED),
-                                        mask=row_mask)
-                    else:
-                        wait_for_count(arrivals, expected)
-                    dots = load_published(ROW_DOTS + dot_offsets, dot_mask)
-                else:
-                    dots = tl.load(ROW_DOTS + dot_offsets, mask=dot_mask, other=0.0)
+                dots = tl.load(
+                    ROW_DOTS + rows_idx[:, None] * column_blocks
+                    + (group * blocks_per_group + blocks)[None, :],
+                    mask=row_mask[:, None] & (blocks < blocks_per_group)[None, :], other=0.0)
                 mean_term = tl.sum(dots, axis=1) / group_size
             grad_h = rstd[:, None] * (grad_hhat - h_hat * mean_term[:, None])
             dx, dgate = backward_inputs(x, grad_h, act, slope, dgate, X_DTYPE, G_DTYPE,

@@ -98,15 +98,6 @@ FORWARD_SPLIT_TILES = {128: (16, 4, 3), 256: (16, 8, 3), 1024: (1, 1, 1)}
 # tiles within 3 % (2 x 1024 x 4 warps: fp32 1.5 % faster, 1 x 1024: fp16 3 % faster,
 # bf16 3 % slower); 2048 x 8 warps and 4096 x 16 were 5-30 % slower.
 FORWARD_LONG_ROW = (4096, 16, 1)
-# Variant 50: groups of at least FORWARD_EXCHANGE[0] elements run the forward as column blocks
-# of FORWARD_EXCHANGE[1] on that many warps, loop_stages, and about that many programs
-# (forward_exchange_kernel), in place of the table's tile or the long-row kernel. None: off
-# (under measurement).
-FORWARD_EXCHANGE: tuple[int, int, int, int, int] | None = None
-# An exchanging launch waits for all of a group's column blocks side by side, which every GPU
-# this runs on can hold at this many (a few SMs' worth of programs); wider groups keep the
-# long-row kernels (forward_long_row_kernel, the backward's two launches).
-EXCHANGE_MAX_BLOCKS = 16
 BACKWARD_LONG_ROW = (2048, 4, 3)
 # Shared memory a block may use when the device cannot be asked (H100 and H200: 227 KB), and
 # what to leave beside the prefetch buffers for the kernels' reductions.
@@ -182,10 +173,6 @@ BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS = {128: 1584, 256: 1584, 1024: 792, 4096: 
 # at D = 8192 and on long rows, so off.
 BACKWARD_PROGRAMMATIC_LAUNCH = True
 BACKWARD_EARLY_DEPENDENTS = False
-# Variant 49: a long row's backward in one launch whose programs of a row's column blocks hand
-# each other their dot products through memory (EXCHANGE_PASS), loading each element once (10
-# bytes an element in 16-bit dtypes) instead of twice (16) in two launches. Under measurement.
-BACKWARD_LONG_ROW_EXCHANGE = False
 # Each chunk writes and re-reads a D-wide fp32 partial row: at 16 or more rows per chunk that
 # traffic stays under 3 % of the backward's own bytes.
 MIN_ROWS_PER_CHUNK = 16
@@ -255,10 +242,6 @@ class LaunchConfig:
     # a head and its tail one register layout, so that Triton adds their per-row sums as they
     # are instead of computing the head again in the tail's layout (variant 42).
     max_vector_elements: int = 0
-    # Long rows only: the forward's column blocks run as programs side by side that exchange
-    # their partial sums (forward_exchange_kernel, variant 50) instead of one program
-    # walking the row twice (forward_long_row_kernel).
-    exchange: bool = False
 
 
 def head_and_tail(group_size: int) -> tuple[int, int] | None:
@@ -306,10 +289,6 @@ def _tile_config(group_size: int, tiles: dict, partial_tiles: dict,
 
 def forward_config(group_size: int) -> LaunchConfig:
     """Forward tile for one group size (the same element count for every dtype)."""
-    if FORWARD_EXCHANGE is not None and group_size >= FORWARD_EXCHANGE[0]:
-        _, block_n, num_warps, stages, programs = FORWARD_EXCHANGE
-        if triton.cdiv(group_size, block_n) <= EXCHANGE_MAX_BLOCKS:
-            return LaunchConfig(1, block_n, num_warps, True, stages, programs, exchange=True)
     return _tile_config(group_size, FORWARD_TILES, FORWARD_PARTIAL_TILES, FORWARD_LONG_ROW,
                         FORWARD_TILE_TARGET_PROGRAMS, FORWARD_PARTIAL_TILE_TARGET_PROGRAMS,
                         FORWARD_SPLIT_TILES)

@@ -14,17 +14,13 @@ import triton
 import triton.language as tl
 
 from gatednorm.kernels.pointwise import (
-    arrival_counter,
     activation_and_slope,
     forward_output,
     gated_input,
     load_gamma,
-    load_published,
-    publish_and_count,
     row_offsets,
     row_offsets_or,
     store_row_values,
-    wait_for_count,
 )
 
 # Runtime integers that change with the batch, the sequence length or the layout: never
@@ -262,102 +258,3 @@ def forward_long_row_kernel(
         tl.store(Y + y_row + start + cols, y.to(Y.dtype.element_ty), mask=col_mask)
     if STORE_RSTD:
         tl.store(RSTD + row.to(tl.int64) * num_groups + group, rstd)
-
-
-@triton.jit
-def block_sum_square(X, GATE, x_rows, g_rows, row_mask, columns_left, BLOCK_N: tl.constexpr,
-                     ACTIVATION: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr,
-                     ROUNDING: tl.constexpr):
-    """Each row's sum of h^2 over one BLOCK_N-wide column block (pointers at the block's
-    first column), computed as the block's own program computes it."""
-    cols = tl.arange(0, BLOCK_N)
-    mask = row_mask[:, None] & (cols < columns_left)[None, :]
-    x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    _, h = gated_tile(x, g, X.dtype.element_ty, ACTIVATION, NORM_BEFORE_GATE, ROUNDING)
-    return tl.sum(h * h, axis=1)
-
-
-@triton.jit(do_not_specialize=RUNTIME_INTS + ["column_blocks", "rows_per_chunk"])
-def forward_exchange_kernel(
-    X, GATE, W, Y, RSTD, PARTIALS, ARRIVALS,
-    rows, size1, size2,
-    stride_x0, stride_x1, stride_x2,
-    stride_gate0, stride_gate1, stride_gate2,
-    stride_y0, stride_y1, stride_y2,
-    group_size, num_groups, column_blocks, rows_per_chunk, eps,
-    LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    BLOCK_N: tl.constexpr, DOT_BLOCKS: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
-    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
-    STORE_RSTD: tl.constexpr, LOOP_STAGES: tl.constexpr, ONE_PROGRAM_AT_A_TIME: tl.constexpr,
-):
-    """A group wider than a register tile, cut into column blocks of BLOCK_N whose programs
-    hand each other their rows' partial sums of h^2 (variant 50): every element is loaded
-    once and held, where forward_long_row_kernel reads a row twice on one program.
-
-    Program ``pid`` (a ticket taken when it starts, as in backward_tile_kernel's
-    EXCHANGE_PASS) owns column block ``pid % column_blocks`` of chunk ``pid //
-    column_blocks`` and walks the chunk's rows one at a time, LOOP_STAGES rows of loads in
-    flight. Per row it writes its block's sum of h^2 to fp32 PARTIALS[row, column block],
-    counts itself in the (chunk, group)'s arrival counter (int32 ARRIVALS[ARRIVAL_STRIDE *
-    (1 + chunk * num_groups + group)], zeroed by the launcher), waits for the group's other
-    blocks, and
-    sums the partials in block order: rstd has the same bits whichever program computes it.
-    Block 0 stores rstd. ONE_PROGRAM_AT_A_TIME (the interpreter): missing partials are
-    computed from x and gate (block_sum_square) instead of waited for.
-    """
-    pid = tl.atomic_add(ARRIVALS, 1, sem="relaxed")
-    column_block = pid % column_blocks
-    chunk = pid // column_blocks
-    blocks_per_group = column_blocks // num_groups
-    group = column_block // blocks_per_group
-    own_block = column_block % blocks_per_group
-    block_start = own_block * BLOCK_N
-    cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < group_size - block_start
-    group_offset = group.to(tl.int64) * group_size + block_start
-    gamma = load_gamma(W, group_offset + cols, col_mask, HAS_WEIGHT, ZERO_CENTERED)
-    arrivals = arrival_counter(ARRIVALS, 1 + chunk * num_groups + group)
-    blocks = tl.arange(0, DOT_BLOCKS)
-    partial_mask = blocks < blocks_per_group
-    chunk_start = chunk.to(tl.int64) * rows_per_chunk
-    for tile in tl.range(0, rows_per_chunk, num_stages=LOOP_STAGES):
-        rows_idx = chunk_start + tile + tl.arange(0, 1)  # [1]
-        row_mask = rows_idx < rows
-        mask = row_mask[:, None] & col_mask[None, :]
-        x_rows = row_offsets(rows_idx, size1, size2, stride_x0, stride_x1, stride_x2,
-                             group_offset, LEADING_DIMS, ROW_ALIGN)
-        g_rows = row_offsets(rows_idx, size1, size2, stride_gate0, stride_gate1, stride_gate2,
-                             group_offset, LEADING_DIMS, ROW_ALIGN)
-        y_rows = row_offsets(rows_idx, size1, size2, stride_y0, stride_y1, stride_y2,
-                             group_offset, LEADING_DIMS, ROW_ALIGN)
-        x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        act, h = gated_tile(x, g, X.dtype.element_ty, ACTIVATION, NORM_BEFORE_GATE, ROUNDING)
-        partial_row = PARTIALS + rows_idx * column_blocks + group * blocks_per_group
-        publish_and_count(partial_row + own_block, tl.sum(h * h, axis=1), row_mask, arrivals)
-        expected = (tile + 1) * blocks_per_group
-        if ONE_PROGRAM_AT_A_TIME:
-            seen = tl.atomic_add(arrivals, 0, sem="acquire", scope="gpu")
-            if seen < expected:
-                for other in range(0, blocks_per_group):
-                    if other != own_block:
-                        shift = (other - own_block) * BLOCK_N
-                        tl.store(partial_row + other,
-                                 block_sum_square(X + shift, GATE + shift, x_rows, g_rows,
-                                                  row_mask, group_size - block_start - shift,
-                                                  BLOCK_N, ACTIVATION, NORM_BEFORE_GATE,
-                                                  ROUNDING),
-                                 mask=row_mask)
-        else:
-            wait_for_count(arrivals, expected)
-        partials = load_published(partial_row[:, None] + blocks[None, :],
-                                  row_mask[:, None] & partial_mask[None, :])
-        rstd = 1.0 / tl.sqrt(tl.sum(partials, axis=1) / group_size + eps)  # [1]
-        y = forward_output(h * rstd[:, None], act, gamma, X.dtype.element_ty,
-                           WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
-        tl.store(Y + y_rows[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
-        if STORE_RSTD:
-            tl.store(RSTD + rows_idx * num_groups + group, rstd,
-                     mask=row_mask & (own_block == 0))

@@ -9,7 +9,6 @@ higher-order-op dispatch on every call.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -17,7 +16,6 @@ import triton
 from torch.library import wrap_triton
 
 from gatednorm.kernels.backward import (
-    EXCHANGE_PASS,
     INPUT_GRADS_PASS,
     ROW_DOTS_PASS,
     WHOLE_GROUPS,
@@ -43,13 +41,11 @@ from gatednorm.kernels.config import (
 )
 from gatednorm.kernels.fast_launch import CachedLaunch
 from gatednorm.kernels.forward import (
-    forward_exchange_kernel,
     forward_long_row_kernel,
     forward_row_loop_kernel,
     forward_tile_kernel,
 )
 from gatednorm.kernels.layout import RowLayout, row_layout
-from gatednorm.kernels.pointwise import ARRIVAL_STRIDE
 
 ACTIVATION_FLAG = {"silu": 0, "sigmoid": 1}
 ROUNDING_FLAG = {"te": 0, "fp32": 1, "hf": 2}
@@ -78,8 +74,6 @@ class _Plan:
     column_blocks: int = 0
     row_dots_meta: dict | None = None
     row_dots_launch: CachedLaunch | None = None
-    # Backward of a cut group in one launch (EXCHANGE_PASS): row dots and arrival counters.
-    exchange: bool = False
 
 
 # Plans of eager calls, keyed by shapes, strides, dtypes and options: a decode step repeats the
@@ -179,7 +173,7 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
             # variants with and without the rstd store (GPU suite run 6). The table was
             # tuned on 16-bit inputs; an fp32 x or gate keeps the one-tile kernel.
             config = replace(config, loop_stages=1)
-        elif not config.long_row or config.exchange:
+        elif not config.long_row:
             # The row loop prefetches x and gate: (stages - 1) tiles of both.
             config = fit_shared_memory(config, x.element_size() + gate.element_size(),
                                        shared_memory_bytes(x.device))
@@ -187,19 +181,7 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
                      norm_before_gate, rounding)
         meta["STORE_RSTD"] = store_rstd
         layout_args = _layout_args(layout) + (group_size, num_groups)
-        column_blocks = 0
-        if config.exchange:
-            kernel = forward_exchange_kernel
-            blocks_per_group = triton.cdiv(group_size, config.block_n)
-            column_blocks = num_groups * blocks_per_group
-            rows_per_chunk, num_chunks = forward_chunking(layout.rows, column_blocks, 1,
-                                                          forward_target_programs(config))
-            grid = (num_chunks * column_blocks,)
-            layout_args += (column_blocks, rows_per_chunk)
-            del meta["TAIL_N"], meta["BLOCK_ROWS"]
-            meta.update(DOT_BLOCKS=triton.next_power_of_2(blocks_per_group),
-                        ONE_PROGRAM_AT_A_TIME=_one_program_at_a_time())
-        elif config.long_row:
+        if config.long_row:
             kernel = forward_long_row_kernel
             del meta["TAIL_N"]  # the long-row kernel loops over block_n-wide chunks
             grid = (layout.rows * num_groups,)
@@ -226,8 +208,6 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
             meta=meta,
             layout_copies=copies,
             cached_launch=None if traceable else CachedLaunch(kernel, meta),
-            column_blocks=column_blocks,
-            exchange=config.exchange,
         )
 
     key = None if traceable else _forward_key(x, gate, weight, group_size, zero_centered_gamma,
@@ -235,31 +215,15 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
     plan = _cached_plan(key, build)
     if plan.layout_copies:
         x, gate = x.contiguous(), gate.contiguous()
-    tensors = (x, gate, x if weight is None else weight, y, y if rstd is None else rstd)
-    if plan.exchange:
-        tensors += _exchange_buffers(x, plan.column_blocks, plan.grid[0] // plan.column_blocks,
-                                     num_groups)
+    weight_arg = x if weight is None else weight
+    rstd_arg = y if rstd is None else rstd
     if traceable:
-        wrap_triton(plan.kernel)[plan.grid](*tensors, *plan.layout_args, eps, **plan.meta)
+        wrap_triton(plan.kernel)[plan.grid](
+            x, gate, weight_arg, y, rstd_arg, *plan.layout_args, eps, **plan.meta)
     else:
-        plan.cached_launch(plan.grid, tensors, (*plan.layout_args, eps))
+        plan.cached_launch(plan.grid, (x, gate, weight_arg, y, rstd_arg),
+                           (*plan.layout_args, eps))
     return y, rstd
-
-
-def _one_program_at_a_time() -> bool:
-    """Whether programs run one after another (the interpreter): an exchanging program then
-    computes what it would wait for."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _exchange_buffers(x: torch.Tensor, column_blocks: int, num_chunks: int,
-                      num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 value a row and column block, zeroed int32 counters) of an exchanging launch:
-    the ticket counter, then one arrival counter per (chunk, group), ARRIVAL_STRIDE apart."""
-    rows = x.numel() // x.shape[-1]
-    values = torch.empty((rows * column_blocks,), dtype=torch.float32, device=x.device)
-    return values, torch.zeros((ARRIVAL_STRIDE * (1 + num_chunks * num_groups),),
-                               dtype=torch.int32, device=x.device)
 
 
 def _forward_key(x, gate, weight, group_size, zero_centered_gamma, activation, norm_before_gate,
@@ -307,8 +271,7 @@ def inference_forward(signature: tuple, x: torch.Tensor, gate: torch.Tensor,
                    norm_before_gate=norm_before_gate, group_size=group_size, rounding=rounding)
     y, _ = forward(x, gate, weight, eps=eps, traceable=False, store_rstd=False, **options)
     plan = _PLANS.get(_forward_key(x, gate, weight, store_rstd=False, **options))
-    # An exchanging launch needs fresh counters every call: it keeps the full path.
-    if plan is not None and not plan.layout_copies and not plan.exchange:
+    if plan is not None and not plan.layout_copies:
         _cached_plan(signature, lambda: _InferenceLaunch(plan, eps))
     return y
 
@@ -362,21 +325,15 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
                     DX_ROWS_AS_X=share and dx_as_x, DGATE_ROWS_AS_X=share and dgate_as_x,
                     SPLIT_PASS=WHOLE_GROUPS.value, DOT_BLOCKS=1,
                     LAUNCH_DEPENDENTS=early and weight is not None, WAIT_FOR_PRIOR_GRID=False)
-        meta["ONE_PROGRAM_AT_A_TIME"] = _one_program_at_a_time()
         row_dots_meta = None
-        exchange = (config.long_row and _config.BACKWARD_LONG_ROW_EXCHANGE
-                    and column_blocks // num_groups <= _config.EXCHANGE_MAX_BLOCKS)
         if config.long_row:
             dot_blocks = triton.next_power_of_2(column_blocks // num_groups)
-            if exchange:
-                meta.update(SPLIT_PASS=EXCHANGE_PASS.value, DOT_BLOCKS=dot_blocks)
-            else:
-                row_dots_meta = dict(meta, SPLIT_PASS=ROW_DOTS_PASS.value,
-                                     DOT_BLOCKS=dot_blocks, LAUNCH_DEPENDENTS=early)
-                meta.update(SPLIT_PASS=INPUT_GRADS_PASS.value, DOT_BLOCKS=dot_blocks,
-                            WAIT_FOR_PRIOR_GRID=pdl)
-                if pdl:
-                    meta["launch_pdl"] = True
+            row_dots_meta = dict(meta, SPLIT_PASS=ROW_DOTS_PASS.value, DOT_BLOCKS=dot_blocks,
+                                 LAUNCH_DEPENDENTS=early)
+            meta.update(SPLIT_PASS=INPUT_GRADS_PASS.value, DOT_BLOCKS=dot_blocks,
+                        WAIT_FOR_PRIOR_GRID=pdl)
+            if pdl:
+                meta["launch_pdl"] = True
         return _Plan(
             kernel=backward_tile_kernel,
             grid=(num_chunks * column_blocks,),
@@ -392,7 +349,6 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
             row_dots_launch=(CachedLaunch(backward_tile_kernel, row_dots_meta)
                              if cached and row_dots_meta is not None else None),
             column_blocks=column_blocks,
-            exchange=exchange,
         )
 
     key = None if traceable else (
@@ -409,17 +365,13 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
     # num_chunks == 1.
     scratch = torch.empty(((num_chunks + blocks) * d,) if weight is not None else (0,),
                           dtype=torch.float32, device=x.device)
-    if plan.exchange:
-        row_dots, arrivals = _exchange_buffers(x, plan.column_blocks, num_chunks, num_groups)
-    else:
-        # One fp32 per row and column block with a cut; unused without one, where any fp32
-        # tensor stands in for the pointer (and for the exchange's counters).
-        row_dots = (torch.empty((x.numel() // d * plan.column_blocks,), dtype=torch.float32,
-                                device=x.device)
-                    if plan.row_dots_meta is not None else rstd)
-        arrivals = rstd
+    # One fp32 per row and column block; unused without a split, where any fp32 tensor
+    # stands in for the pointer.
+    row_dots = (torch.empty((x.numel() // d * plan.column_blocks,),
+                            dtype=torch.float32, device=x.device)
+                if plan.row_dots_meta is not None else rstd)
     tensors = (x, gate, x if weight is None else weight, dy, rstd, dx, dgate, scratch,
-               row_dots, arrivals)
+               row_dots)
     if traceable:
         if plan.row_dots_meta is not None:
             wrap_triton(plan.kernel)[plan.grid](*tensors, *plan.layout_args,
