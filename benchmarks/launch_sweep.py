@@ -74,6 +74,9 @@ SHAPES = {
     "d8192": Shape("d8192", 8192, 8192, 8192, True),
     "d16384": Shape("d16384", 4096, 16384, 16384, True),
     "d32768": Shape("d32768", 2048, 32768, 32768, True),
+    # The long rows at the benchmark's row counts (SWEEP_ELEMENTS // D).
+    "d16384-3072r": Shape("d16384-3072r", 3072, 16384, 16384, True),
+    "d32768-1536r": Shape("d32768-1536r", 1536, 32768, 32768, True),
     # The gate-first grouped shapes at 4096 tokens: whether their tiles' program counts
     # (chosen at 8192 tokens) hold at another row count.
     "nemotronh4096": Shape("nemotronh4096", 4096, 8192, 1024, False),

@@ -29,7 +29,7 @@ import triton
 # (h200-2026-12-03-launch-sweep-v7-d64.json).
 FORWARD_TILES = {
     64: (16, 2, 1), 128: (16, 4, 1), 256: (4, 2, 1), 512: (4, 4, 1), 1024: (1, 1, 1),
-    2048: (1, 2, 1), 4096: (1, 4, 1), 8192: (1, 8, 3), 16384: (2, 32, 1),
+    2048: (1, 2, 1), 4096: (1, 4, 1), 8192: (1, 8, 3), 16384: (1, 16, 3),
 }
 # The backward's 64 and 256 tiles were swept again with 2-16 rows, 1-2 warps, 3-4 stages and
 # 528-1584 programs (variant 43, cold, two rounds each, h200-2026-12-03-launch-sweep-v13-bwd-
@@ -113,8 +113,8 @@ FORWARD_TARGET_PROGRAMS = 4224
 # partial tiles that also loop (D = 96, 192, Mamba2's 640) were 2-3 % slower at 2112 (two
 # interleaved repeats each, cold: h200-2026-12-03-launch-sweep-v7-fwd-targets.json) and keep
 # the default.
-FORWARD_TILE_TARGET_PROGRAMS = {8192: 2112}
-FORWARD_PARTIAL_TILE_TARGET_PROGRAMS = {8192: 2112}
+FORWARD_TILE_TARGET_PROGRAMS = {8192: 2112, 16384: 528}
+FORWARD_PARTIAL_TILE_TARGET_PROGRAMS = {8192: 2112, 16384: 528}
 # Decode-size forwards: when the table's tile would start fewer programs than this (one per
 # SM of an H100/H200), a one-warp tile of FEW_ROWS_TILE_ELEMENTS elements starts more, smaller
 # programs and finishes sooner: 32 rows of 128 take 1.43 us instead of 1.82 us per forward in a
