@@ -74,7 +74,11 @@ SHAPES = {
     "d8192": Shape("d8192", 8192, 8192, 8192, True),
     "d16384": Shape("d16384", 4096, 16384, 16384, True),
     "d32768": Shape("d32768", 2048, 32768, 32768, True),
-    # The long rows at the benchmark's row counts (SWEEP_ELEMENTS // D).
+    # The wide and long rows at the benchmark's row counts (SWEEP_ELEMENTS // D): d2048,
+    # d4096 and d8192 above hold a third more rows, where chunking differs.
+    "d2048-24576r": Shape("d2048-24576r", 24576, 2048, 2048, True),
+    "d4096-12288r": Shape("d4096-12288r", 12288, 4096, 4096, True),
+    "d8192-6144r": Shape("d8192-6144r", 6144, 8192, 8192, True),
     "d16384-3072r": Shape("d16384-3072r", 3072, 16384, 16384, True),
     "d32768-1536r": Shape("d32768-1536r", 1536, 32768, 32768, True),
     # The gate-first grouped shapes at 4096 tokens: whether their tiles' program counts
