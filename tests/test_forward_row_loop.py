@@ -81,18 +81,19 @@ def test_an_fp32_input_keeps_the_one_tile_kernel(monkeypatch, x_dtype, gate_dtyp
     assert launched == [forward_kernels.forward_tile_kernel]
 
 
-def test_wide_row_loops_start_their_own_program_count(monkeypatch):
-    """The 8192-wide row loop is chunked for its own program count
+@pytest.mark.parametrize("width", [8192, 16384])
+def test_wide_row_loops_start_their_own_program_count(monkeypatch, width):
+    """The 8192- and 16384-wide row loops are chunked for their own program counts
     (FORWARD_TILE_TARGET_PROGRAMS), the narrower ones for FORWARD_TARGET_PROGRAMS; the
     chunking never changes the bits."""
     torch.manual_seed(0)
-    x, gate = (torch.randn(8, 8192).to(torch.float16) for _ in range(2))
-    assert config.forward_config(8192).loop_stages > 1
+    x, gate = (torch.randn(8, width).to(torch.float16) for _ in range(2))
+    assert config.forward_config(width).loop_stages > 1
     grids = {}
     outputs = {}
     for wide_target in (2, 8):
         monkeypatch.setattr(config, "FORWARD_TARGET_PROGRAMS", 4)
-        monkeypatch.setitem(config.FORWARD_TILE_TARGET_PROGRAMS, 8192, wide_target)
+        monkeypatch.setitem(config.FORWARD_TILE_TARGET_PROGRAMS, width, wide_target)
         with torch.no_grad():
             outputs[wide_target] = _forward(x, gate, None)
         plan = next(plan for key, plan in launch._PLANS.items() if key[0] == "fwd")
