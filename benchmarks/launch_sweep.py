@@ -81,6 +81,8 @@ SHAPES = {
     "d8192-6144r": Shape("d8192-6144r", 6144, 8192, 8192, True),
     "d16384-3072r": Shape("d16384-3072r", 3072, 16384, 16384, True),
     "d32768-1536r": Shape("d32768-1536r", 1536, 32768, 32768, True),
+    # The 2048 tile gate first (variant 52 chose its warps and count norm first).
+    "d2048gf-24576r": Shape("d2048gf-24576r", 24576, 2048, 2048, False),
     # The gate-first grouped shapes at 4096 tokens: whether their tiles' program counts
     # (chosen at 8192 tokens) hold at another row count.
     "nemotronh4096": Shape("nemotronh4096", 4096, 8192, 1024, False),

@@ -52,7 +52,7 @@ def test_tiles_cover_the_group(group_size):
         assert launch.loop_stages >= 1
 
 
-@pytest.mark.parametrize("group_size", [640, 768, 900, 1000])
+@pytest.mark.parametrize("group_size", [640, 768, 900, 1000, 1200, 1536])
 def test_groups_filling_part_of_their_tile_take_the_partial_tile_entry(group_size):
     block_n = triton.next_power_of_2(group_size)
     # The forward holds a group that fits a head and a tail tile that way (variant 40).
@@ -74,10 +74,11 @@ def test_groups_filling_part_of_their_tile_take_the_partial_tile_entry(group_siz
 
 
 @pytest.mark.parametrize("group_size, expected", [
-    (128, config.BACKWARD_TARGET_PROGRAMS), (2048, config.BACKWARD_TARGET_PROGRAMS),
+    (128, config.BACKWARD_TARGET_PROGRAMS), (2048, config.BACKWARD_TILE_TARGET_PROGRAMS[2048]),
     (1024, config.BACKWARD_TILE_TARGET_PROGRAMS[1024]),
     (640, config.BACKWARD_SPLIT_TILES[1024][3]),
     (900, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[1024]),
+    (1536, config.BACKWARD_TARGET_PROGRAMS),
     (96, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[128]),
     (192, config.BACKWARD_SPLIT_TILES[256][3]),
     (256, config.BACKWARD_TILE_TARGET_PROGRAMS[256]),
@@ -87,7 +88,8 @@ def test_groups_filling_part_of_their_tile_take_the_partial_tile_entry(group_siz
     (4096, config.BACKWARD_TILE_TARGET_PROGRAMS[4096]),
     (5000, config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[8192]),
     (8192, config.BACKWARD_TILE_TARGET_PROGRAMS[8192]), (20000, config.BACKWARD_TARGET_PROGRAMS),
-], ids=["d128", "d2048", "d1024-own-target", "d640-split-own-target", "d900-partial-own-target",
+], ids=["d128", "d2048-own-target", "d1024-own-target", "d640-split-own-target",
+        "d900-partial-own-target", "d1536-partial-default",
         "d96-partial-own-target", "d192-split-own-target", "d256-own-target",
         "d64-narrow-own-target", "d48-narrow-takes-the-64-target",
         "d32-narrow-own-target", "d16-narrow-default", "d512", "d4096",

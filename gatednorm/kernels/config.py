@@ -39,9 +39,13 @@ FORWARD_TILES = {
 # (135.5 against 140.9 us) but lost at 262144 and 196608 (50.2 / 39.5 against 49.1 / 38.5),
 # and so did the narrower groups it would carry (D = 32 at 393216 rows 40.0 against 38.7):
 # the 64 tile keeps the 128 tile's rows and stages. The same sweep kept the 128 tile at GDN
-# 4096 x 32 and the 2048 tile (four warps at 1584: 1 %).
+# 4096 x 32 and the 2048 tile (four warps at 1584: 1 %) at 32768 rows. At the benchmark's
+# 24576 rows (variant 52, h200-2026-12-04-launch-sweep-v17-bwd-d2048-24576r-r1/-r2, cold, two
+# rounds) the two-warp tile at 1056 programs (1024 chunks of 24 rows, 255 registers) took
+# 145.7 / 146.0 us against 135.9 / 136.0 for four warps at 1584 (1536 chunks, 137 registers):
+# four warps at 1584, faster at both row counts.
 BACKWARD_TILES = {
-    128: (4, 1, 3), 256: (2, 1, 3), 512: (2, 2, 4), 1024: (1, 2, 3), 2048: (1, 2, 3),
+    128: (4, 1, 3), 256: (2, 1, 3), 512: (2, 2, 4), 1024: (1, 2, 3), 2048: (1, 4, 3),
     4096: (1, 8, 4), 8192: (1, 16, 3),
 }
 # Groups that fill only part of their tile (D 96 of 128, 192 of 256, Mamba2's 640 of 1024):
@@ -52,9 +56,11 @@ BACKWARD_TILES = {
 # The backward's partial 1024 tile took two rows and 4 warps until its program count was
 # swept with it (variant 38): one row and 2 warps (the whole tile's entry) at 792 programs ran
 # Mamba2 in 123.2 us against 128.3 for the best count of the two-row tile (396), and 66.0
-# against 67.6 at 4096 tokens (launch-sweep-v9, two rounds each); so no backward entry is left.
+# against 67.6 at 4096 tokens (launch-sweep-v9, two rounds each); so that entry went. Groups
+# of 1025-2047 keep the two-warp tile the whole 2048 tile had before variant 52: the four-warp
+# one was measured on whole groups only.
 FORWARD_PARTIAL_TILES = {128: (16, 4, 3), 256: (8, 4, 3), 1024: (2, 2, 3)}
-BACKWARD_PARTIAL_TILES: dict[int, tuple[int, int, int]] = {}
+BACKWARD_PARTIAL_TILES: dict[int, tuple[int, int, int]] = {2048: (1, 2, 3)}
 # The backward's head + tail entries (variant 41), as FORWARD_SPLIT_TILES, with a fourth
 # element where the tile has a program count of its own (else the partial tile's count) and
 # a fifth where its loads are capped at that many elements (LaunchConfig.max_vector_elements).
@@ -152,15 +158,18 @@ BACKWARD_TARGET_PROGRAMS = 1056
 #     slower than 1033-1035, 1057 or more 9-11 % (a ninth program on some SMs), and exactly
 #     1024 chunks of a power-of-two stride (128 KB) 7-9 %. Mamba2's split tile was 1-2 %
 #     faster at 1040 (1024 programs against 1048), under the 3 % a change asks: kept.
-# Keeping the default: D = 2048 (179.4 us at 1056 and 396, 191.5 at 528; the four-warp tile
-# 183.2), 128 (GDN: within 1 % either way at 1040, 1.2 % slower at 8192 x 32, where 1040
-# gives 1024 chunks of 64 KB; 1056 best of 528-2112; again for the variant-43 tiles among
-# 528-1584, and against each tile's full wave of programs, e.g. 2376 for the 128 tile: 8-17 %
-# slower, launch-sweep-v13-bwd-wave-*). The partial 256 count, measured on the four-row tile,
-# holds for the two-row one (D = 224: 169.3 us at 1584, 168.9 at 1056).
+#   whole 2048 (one row, 4 warps since variant 52): 1584, see BACKWARD_TILES. At 24576 rows
+#     792 was 133.9 / 134.0 us, 1.5 % faster, but is unmeasured at other row counts; at
+#     32768 rows 1584 was the four-warp tile's best, 176.3 / 176.5 us against 183.0 at 1056
+#     and 178.5 / 178.2 for the two-warp tile at 1056 (launch-sweep-v10-bwd-tiles-d2048-*).
+# Keeping the default: 128 (GDN: within 1 % either way at 1040, 1.2 % slower at 8192 x 32,
+# where 1040 gives 1024 chunks of 64 KB; 1056 best of 528-2112; again for the variant-43
+# tiles among 528-1584, and against each tile's full wave of programs, e.g. 2376 for the 128
+# tile: 8-17 % slower, launch-sweep-v13-bwd-wave-*). The partial 256 count, measured on the
+# four-row tile, holds for the two-row one (D = 224: 169.3 us at 1584, 168.9 at 1056).
 # Narrower groups than 32 take the default (unmeasured).
 BACKWARD_TILE_TARGET_PROGRAMS = {32: 1040, 64: 1040, 256: 1040, 512: 1584, 1024: 528,
-                                 4096: 132, 8192: 264}
+                                 2048: 1584, 4096: 132, 8192: 264}
 BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS = {128: 1584, 256: 1584, 1024: 792, 4096: 264, 8192: 264}
 # Programmatic dependent launch (sm_90+, eager launches) between the backward's launches (the
 # main kernel or the two launches of a cut group, then the two dweight reduction levels):

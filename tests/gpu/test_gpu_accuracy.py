@@ -91,15 +91,16 @@ ODD_OPTIONS = (
 
 @pytest.mark.parametrize("options", ODD_OPTIONS, ids=lambda o: o.id)
 @pytest.mark.parametrize("rows", (1, 199))
-@pytest.mark.parametrize("d", (3, 80, 90, 100, 5000, 9000, 20000), ids=(
-    "d3-narrow-tile", "d80", "d90-rows-aligned-2", "d100-rows-aligned-4", "d5000-one-row-tiles",
+@pytest.mark.parametrize("d", (3, 80, 90, 100, 1536, 2048, 5000, 9000, 20000), ids=(
+    "d3-narrow-tile", "d80", "d90-rows-aligned-2", "d100-rows-aligned-4",
+    "d1536-partial-2048-tile", "d2048-four-warp-backward-tile", "d5000-one-row-tiles",
     "d9000-wide-tile-long-row-backward", "d20000-long-rows"))
 def test_odd_shapes(d, rows, options, report, request):
     """Odd widths through each kernel path (gatednorm.kernels.config): 256-row tiles of 4
     columns, 16 x 128 tiles (rows starting at multiples of 8, 2 and 4 elements: 16-, 4- and
-    8-byte vectors), one-row 8192-wide tiles, the one-row 16384-wide forward row loop with the
-    backward cut into column blocks, and the long-row kernels both ways (forward looped,
-    backward cut)."""
+    8-byte vectors), the 2048-wide backward tile on four warps and its partial groups on two,
+    one-row 8192-wide tiles, the one-row 16384-wide forward row loop with the backward cut into
+    column blocks, and the long-row kernels both ways (forward looped, backward cut)."""
     check(Case(f"odd-{rows}x{d}", (rows, d), options), report, request.node.nodeid)
 
 
