@@ -83,6 +83,9 @@ SHAPES = {
     "d32768-1536r": Shape("d32768-1536r", 1536, 32768, 32768, True),
     # The 2048 tile gate first (variant 52 chose its warps and count norm first).
     "d2048gf-24576r": Shape("d2048gf-24576r", 24576, 2048, 2048, False),
+    # Groups filling part of the 2048 tile, both orders.
+    "d1536-32768r": Shape("d1536-32768r", 32768, 1536, 1536, True),
+    "d1536gf-32768r": Shape("d1536gf-32768r", 32768, 1536, 1536, False),
     # The gate-first grouped shapes at 4096 tokens: whether their tiles' program counts
     # (chosen at 8192 tokens) hold at another row count.
     "nemotronh4096": Shape("nemotronh4096", 4096, 8192, 1024, False),

@@ -43,7 +43,9 @@ FORWARD_TILES = {
 # 24576 rows (variant 52, h200-2026-12-04-launch-sweep-v17-bwd-d2048-24576r-r1/-r2, cold, two
 # rounds) the two-warp tile at 1056 programs (1024 chunks of 24 rows, 255 registers) took
 # 145.7 / 146.0 us against 135.9 / 136.0 for four warps at 1584 (1536 chunks, 137 registers):
-# four warps at 1584, faster at both row counts.
+# four warps at 1584, faster at both row counts, in fp16 (135.8 against 144.1 / 144.3) and
+# gate first, where two warps spill 46 registers (143.2 / 145.1 against 182.8 / 181.4 at
+# 1056 / 1584; launch-sweep-v17b-*). Groups of 1025-2047 take it too (same registers).
 BACKWARD_TILES = {
     128: (4, 1, 3), 256: (2, 1, 3), 512: (2, 2, 4), 1024: (1, 2, 3), 2048: (1, 4, 3),
     4096: (1, 8, 4), 8192: (1, 16, 3),
@@ -56,11 +58,9 @@ BACKWARD_TILES = {
 # The backward's partial 1024 tile took two rows and 4 warps until its program count was
 # swept with it (variant 38): one row and 2 warps (the whole tile's entry) at 792 programs ran
 # Mamba2 in 123.2 us against 128.3 for the best count of the two-row tile (396), and 66.0
-# against 67.6 at 4096 tokens (launch-sweep-v9, two rounds each); so that entry went. Groups
-# of 1025-2047 keep the two-warp tile the whole 2048 tile had before variant 52: the four-warp
-# one was measured on whole groups only.
+# against 67.6 at 4096 tokens (launch-sweep-v9, two rounds each); so no backward entry is left.
 FORWARD_PARTIAL_TILES = {128: (16, 4, 3), 256: (8, 4, 3), 1024: (2, 2, 3)}
-BACKWARD_PARTIAL_TILES: dict[int, tuple[int, int, int]] = {2048: (1, 2, 3)}
+BACKWARD_PARTIAL_TILES: dict[int, tuple[int, int, int]] = {}
 # The backward's head + tail entries (variant 41), as FORWARD_SPLIT_TILES, with a fourth
 # element where the tile has a program count of its own (else the partial tile's count) and
 # a fifth where its loads are capped at that many elements (LaunchConfig.max_vector_elements).
@@ -170,7 +170,8 @@ BACKWARD_TARGET_PROGRAMS = 1056
 # Narrower groups than 32 take the default (unmeasured).
 BACKWARD_TILE_TARGET_PROGRAMS = {32: 1040, 64: 1040, 256: 1040, 512: 1584, 1024: 528,
                                  2048: 1584, 4096: 132, 8192: 264}
-BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS = {128: 1584, 256: 1584, 1024: 792, 4096: 264, 8192: 264}
+BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS = {128: 1584, 256: 1584, 1024: 792, 2048: 1584,
+                                         4096: 264, 8192: 264}
 # Programmatic dependent launch (sm_90+, eager launches) between the backward's launches (the
 # main kernel or the two launches of a cut group, then the two dweight reduction levels):
 # each launch after the first is started as soon as its predecessor's programs exit and

@@ -58,6 +58,8 @@ CASES = (
     Case("one-row tiles d5000", (5, 5000), Options("te")),
     # The 2048-wide backward tile on four warps (variant 52), 37 rows: three chunks.
     Case("one-row tiles d2048 rows37", (37, 2048), Options("te")),
+    Case("one-row tiles d1536 rows37 gate-first", (37, 1536),
+         Options("hf", norm_before_gate=False)),
     Case("wide tile d9000 gate-first fp32 gate", (3, 9000),
          Options("fp32", norm_before_gate=False, weight="none"), BF16_GATE_FP32),
     # 40 rows: three row chunks, each program looping over its rows.

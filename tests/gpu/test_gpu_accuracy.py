@@ -98,7 +98,7 @@ ODD_OPTIONS = (
 def test_odd_shapes(d, rows, options, report, request):
     """Odd widths through each kernel path (gatednorm.kernels.config): 256-row tiles of 4
     columns, 16 x 128 tiles (rows starting at multiples of 8, 2 and 4 elements: 16-, 4- and
-    8-byte vectors), the 2048-wide backward tile on four warps and its partial groups on two,
+    8-byte vectors), the 2048-wide backward tile on four warps, whole and partial,
     one-row 8192-wide tiles, the one-row 16384-wide forward row loop with the backward cut into
     column blocks, and the long-row kernels both ways (forward looped, backward cut)."""
     check(Case(f"odd-{rows}x{d}", (rows, d), options), report, request.node.nodeid)
