@@ -45,7 +45,9 @@ FORWARD_TILES = {
 # 145.7 / 146.0 us against 135.9 / 136.0 for four warps at 1584 (1536 chunks, 137 registers):
 # four warps at 1584, faster at both row counts, in fp16 (135.8 against 144.1 / 144.3) and
 # gate first, where two warps spill 46 registers (143.2 / 145.1 against 182.8 / 181.4 at
-# 1056 / 1584; launch-sweep-v17b-*). Groups of 1025-2047 take it too (same registers).
+# 1056 / 1584; launch-sweep-v17b-*). Groups of 1025-2047 take it too: at D = 1536 gate
+# first 159.4 us against 198.8-204.2 for two warps (spilling), norm first 141.4 against 135.5
+# (4 % slower; the table has no key for the gate's order; launch-sweep-v17c-*).
 BACKWARD_TILES = {
     128: (4, 1, 3), 256: (2, 1, 3), 512: (2, 2, 4), 1024: (1, 2, 3), 2048: (1, 4, 3),
     4096: (1, 8, 4), 8192: (1, 16, 3),
