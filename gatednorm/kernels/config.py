@@ -42,7 +42,7 @@ FORWARD_TILES = {
 # 4096 x 32 and the 2048 tile (four warps at 1584: 1 %) at 32768 rows. At the benchmark's
 # 24576 rows (variant 52, h200-2026-12-04-launch-sweep-v17-bwd-d2048-24576r-r1/-r2, cold, two
 # rounds) the two-warp tile at 1056 programs (1024 chunks of 24 rows, 255 registers) took
-# 145.7 / 146.0 us against 135.9 / 136.0 for four warps at 1584 (1536 chunks, 137 registers):
+# 145.7 / 146.0 us against 135.9 / 136.0 for four warps at 1584 (1536 chunks, 128-138 regs):
 # four warps at 1584, faster at both row counts, in fp16 (135.8 against 144.1 / 144.3) and
 # gate first, where two warps spill 46 registers (143.2 / 145.1 against 182.8 / 181.4 at
 # 1056 / 1584; launch-sweep-v17b-*). Groups of 1025-2047 take it too: at D = 1536 gate
