@@ -18,8 +18,16 @@ of the current code. Fields:
 
 from __future__ import annotations
 
+import datetime
 import json
+import platform
+import subprocess
+import tempfile
 from pathlib import Path
+
+import torch
+
+from gatednorm.bench import timing
 
 FORMAT = "gatednorm.bench results, version 1"
 RESULTS_DIR = Path("benchmarks") / "results"
@@ -38,6 +46,49 @@ def gpu_slug(name: str) -> str:
 
 def default_path(gpu: str) -> Path:
     return RESULTS_DIR / f"{gpu_slug(gpu)}.json"
+
+
+def git_commit() -> str | None:
+    """HEAD of the checkout this package runs from, "-dirty" when tracked files differ."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=here, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, cwd=here, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def device_info(device: torch.device) -> dict:
+    if not timing.is_cuda(device):
+        return {"type": "cpu", "processor": platform.processor() or platform.machine(),
+                "l2_bytes_assumed": timing.l2_bytes(device)}
+    props = torch.cuda.get_device_properties(device)
+    return {"type": "cuda", "name": props.name, "capability": f"{props.major}.{props.minor}",
+            "sm_count": props.multi_processor_count, "memory_bytes": props.total_memory,
+            "l2_bytes": timing.l2_bytes(device), "cuda": torch.version.cuda}
+
+
+def output_path(device: torch.device, mode: str, gpu: str,
+                some_providers: bool) -> tuple[Path, bool, str]:
+    """(path, update, why) for a run without --out. A full or --cases run on a GPU that times
+    every provider updates the GPU's results file; smoke, quick, CPU and --providers runs
+    write a file of their own under the temporary directory (why: the reason)."""
+    if timing.is_cuda(device) and mode == "full" and not some_providers:
+        return default_path(gpu), True, "updated case by case"
+    if not timing.is_cuda(device):
+        why = "a CPU run"
+    elif mode != "full":
+        why = f"a --{mode} run"
+    else:
+        why = "--providers times only some providers"
+    date = datetime.date.today().isoformat()
+    path = Path(tempfile.gettempdir()) / "gatednorm-bench" / f"{mode}-{device.type}-{date}.json"
+    return path, False, f"{why}; {RESULTS_DIR}/<gpu>.json takes full GPU runs only"
 
 
 def run_entry(header: dict, tree: str | None) -> dict:
