@@ -1,6 +1,6 @@
 """Markdown tables from a results file of ``python -m gatednorm.bench``.
 
-    python benchmarks/summarize.py benchmarks/results/h200-2026-12-02-bench-v2.json
+    python benchmarks/summarize.py benchmarks/results/h200.json
 
 Prints the training table (gatednorm's time and fraction of the copy bandwidth per pass, and
 each peer's fwd+bwd time over gatednorm's), the decode table, and every measurement where a
