@@ -96,8 +96,13 @@ def peers_faster(result) -> list[str]:
 
 def main() -> None:
     result = json.load(open(sys.argv[1]))
-    print(f"{result['gpu']}, torch {result['torch']}, triton {result['triton']}, "
-          f"{result['date']}, copy {result['copy_gbps']:.0f} GB/s; `{result['command']}`\n")
+    print(f"{result['gpu']}; cases from these runs:\n")
+    for run in result["runs"]:
+        cases = sum(1 for c in result["cases"] if c["run"] == run["run"])
+        print(f"- {run['date']}, tree {run['tree']}, torch {run['torch']}, triton "
+              f"{run['triton']}, copy {run['copy_gbps']:.0f} GB/s, {cases} cases: "
+              f"`{run['command']}`")
+    print()
     print("\n".join(training_table(result)))
     print()
     print("\n".join(decode_table(result)))
