@@ -105,7 +105,7 @@ def _time_ms(fn, on_gpu: bool, repeats: int) -> float:
 RATIO_LIMIT = 2.0
 ERROR_FLOOR = 1e-5
 # Triton's interpreter converts fp32 -> bf16 by truncation, not round-to-nearest-even: on the
-# CPU the kernels' bf16 outputs carry about 2.6x the error of a rounded result.
+# CPU the kernels' bf16 outputs carry 2-3x the error of a rounded result (by convention).
 INTERPRETER_BF16_RATIO_LIMIT = 4.0
 
 
@@ -114,7 +114,7 @@ def error_ratio_limit(dtype: torch.dtype, on_gpu: bool) -> tuple[float, str]:
     if dtype == torch.bfloat16 and not on_gpu:
         return INTERPRETER_BF16_RATIO_LIMIT, (
             "bfloat16 under Triton's interpreter, which truncates fp32 -> bf16 instead of "
-            "rounding to nearest even (about 2.6x the error; a GPU rounds, and there the "
+            "rounding to nearest even (2-3x the error; a GPU rounds, and there the "
             f"limit is {RATIO_LIMIT:g})")
     where = "on the GPU" if on_gpu else "under the interpreter, whose float16 and float32 are exact"
     return RATIO_LIMIT, f"{str(dtype).replace('torch.', '')} {where}"
