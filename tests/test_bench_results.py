@@ -57,3 +57,13 @@ def test_a_file_of_another_format_is_refused(tmp_path):
     path.write_text('{"gpu": "NVIDIA H200"}')
     with pytest.raises(ValueError, match="--out"):
         results.load(path)
+
+
+def test_a_run_says_which_gatednorm_path_it_times(monkeypatch):
+    from gatednorm.bench.__main__ import _subject_path
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert _subject_path(torch.device("cpu")) == "Triton kernels through Triton's interpreter"
+    assert _subject_path(torch.device("cuda", 0)) == "Triton kernels"
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert "eager reference composite" in _subject_path(torch.device("cpu"))
