@@ -1,6 +1,6 @@
 """Markdown tables from a results file of ``python -m gatednorm.bench``.
 
-    python benchmarks/summarize.py benchmarks/results/h200-2026-12-02-bench-v2.json
+    python benchmarks/summarize.py benchmarks/results/h200.json
 
 Prints the training table (gatednorm's time and fraction of the copy bandwidth per pass, and
 each peer's fwd+bwd time over gatednorm's), the decode table, and every measurement where a
@@ -96,8 +96,13 @@ def peers_faster(result) -> list[str]:
 
 def main() -> None:
     result = json.load(open(sys.argv[1]))
-    print(f"{result['gpu']}, torch {result['torch']}, triton {result['triton']}, "
-          f"{result['date']}, copy {result['copy_gbps']:.0f} GB/s; `{result['command']}`\n")
+    print(f"{result['gpu']}; cases from these runs:\n")
+    for run in result["runs"]:
+        cases = sum(1 for c in result["cases"] if c["run"] == run["run"])
+        print(f"- {run['date']}, tree {run['tree']}, torch {run['torch']}, triton "
+              f"{run['triton']}, copy {run['copy_gbps']:.0f} GB/s, {cases} cases: "
+              f"`{run['command']}`")
+    print()
     print("\n".join(training_table(result)))
     print()
     print("\n".join(decode_table(result)))

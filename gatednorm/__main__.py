@@ -100,6 +100,26 @@ def _time_ms(fn, on_gpu: bool, repeats: int) -> float:
     return (time.perf_counter() - begin) * 1e3 / repeats
 
 
+# The 3-way rule: the fused op may be at most RATIO_LIMIT times as far from fp64 as the
+# framework's own formula in the same dtype, plus a floor for errors at fp32 rounding level.
+RATIO_LIMIT = 2.0
+ERROR_FLOOR = 1e-5
+# Triton's interpreter converts fp32 -> bf16 by truncation, not round-to-nearest-even: on the
+# CPU the kernels' bf16 outputs carry 2-3x the error of a rounded result (by convention).
+INTERPRETER_BF16_RATIO_LIMIT = 4.0
+
+
+def error_ratio_limit(dtype: torch.dtype, on_gpu: bool) -> tuple[float, str]:
+    """(limit on the fused error over the formula's, why that limit) for this dtype and device."""
+    if dtype == torch.bfloat16 and not on_gpu:
+        return INTERPRETER_BF16_RATIO_LIMIT, (
+            "bfloat16 under Triton's interpreter, which truncates fp32 -> bf16 instead of "
+            "rounding to nearest even (2-3x the error; a GPU rounds, and there the "
+            f"limit is {RATIO_LIMIT:g})")
+    where = "on the GPU" if on_gpu else "under the interpreter, whose float16 and float32 are exact"
+    return RATIO_LIMIT, f"{str(dtype).replace('torch.', '')} {where}"
+
+
 def run_case(case: Case, device: str, dtype: torch.dtype, on_gpu: bool) -> tuple[list, bool]:
     x, gate, weight, dy = _inputs(case, device, dtype)
     options = dict(case.options)
@@ -113,11 +133,8 @@ def run_case(case: Case, device: str, dtype: torch.dtype, on_gpu: bool) -> tuple
                               dy.double(), options)
     fused_err = _relative_errors(fused, truth)
     eager_err = _relative_errors(eager, truth)
-    # The 3-way rule: the fused op may be at most 2x as far from fp64 as the framework's own
-    # formula in the same dtype (plus a floor for errors at fp32 rounding level). The CPU
-    # interpreter truncates fp32 -> bf16 instead of rounding, which alone doubles the error.
-    factor = 4 if (not on_gpu and dtype == torch.bfloat16) else 2
-    ok = all(f <= factor * e + 1e-5 for f, e in zip(fused_err, eager_err))
+    limit, _ = error_ratio_limit(dtype, on_gpu)
+    ok = all(f <= limit * e + ERROR_FLOOR for f, e in zip(fused_err, eager_err))
     ok = ok and all(torch.isfinite(t).all() for t in fused)
 
     repeats = 50 if on_gpu else 2
@@ -150,7 +167,8 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     where = torch.cuda.get_device_name() if on_gpu else "CPU (Triton interpreter)"
     print(f"gatednorm {gatednorm.__version__} on {where}, {args.dtype}, forward + backward")
-    header = ["case", "shape", "err y", "err dx", "err dgate", "err dw", "vs eager",
+    limit, _ = error_ratio_limit(dtype, on_gpu)
+    header = ["case", "shape", "err y", "err dx", "err dgate", "err dw", f"vs eager (<= {limit:g})",
               "fused ms", "eager ms", "check"]
     rows, all_ok = [], True
     torch.manual_seed(0)
@@ -161,9 +179,12 @@ def main(argv=None) -> int:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)))
-    print("err: relative L2 error vs fp64; vs eager: worst ratio to the framework formula's own "
-          "error in the same dtype (<= 2 passes); times are forward + backward per call"
-          + ("" if on_gpu else " (interpreter: not a performance figure)"))
+    _, why = error_ratio_limit(dtype, on_gpu)
+    print(f"err: relative L2 error vs fp64. vs eager: the worst ratio of the fused op's error to "
+          f"the framework formula's own error in the same dtype; a case passes when each error is "
+          f"<= {limit:g} x the formula's + {ERROR_FLOOR:g}, limit {limit:g} for {why}.")
+    print("fused / eager ms: forward + backward per call"
+          + ("" if on_gpu else " (interpreter on the CPU: not a performance figure)"))
     return 0 if all_ok else 1
 
 

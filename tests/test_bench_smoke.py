@@ -16,9 +16,9 @@ import pytest
 
 from gatednorm.bench import cases, providers
 
-TOP_LEVEL = {"gpu": str, "torch": str, "triton": str, "date": str, "command": str,
-             "copy_gbps": float, "records": list, "providers": list, "cases": list,
-             "first_calls": list}
+TOP_LEVEL = {"format": str, "gpu": str, "torch": str, "triton": str, "gatednorm": str,
+             "date": str, "command": str, "copy_gbps": float, "records": list,
+             "providers": list, "cases": list, "first_calls": list, "runs": list}
 RECORD_KEYS = {"provider", "case", "rows", "d", "dtype", "gate_layout", "pass", "median_ms",
                "gbps", "frac_copy", "status", "error", "group_size", "norm_before_gate",
                "activation"}
@@ -35,7 +35,7 @@ def smoke(tmp_path_factory):
         [sys.executable, "-m", "gatednorm.bench", "--smoke", "--no-plot", "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text()), proc
+    return {**json.loads(out.read_text()), "__path__": str(out)}, proc
 
 
 def test_top_level_fields(smoke):
@@ -47,6 +47,25 @@ def test_top_level_fields(smoke):
     assert {p["name"] for p in result["providers"]} == {p.name for p in providers.PROVIDERS}
     # Written after every case with complete=False; the finished run says True.
     assert result["complete"] is True
+    # One run, and every case points at it.
+    (run,) = result["runs"]
+    assert run["run"] == result["date"] and run["command"] == result["command"]
+    assert {c["run"] for c in result["cases"]} == {run["run"]}
+
+
+def test_says_what_it_times_and_where_it_wrote(smoke):
+    result, proc = smoke
+    assert "gatednorm runs its eager reference composite" in proc.stderr
+    assert "set TRITON_INTERPRET=1" in proc.stderr
+    assert result["subject_path"].startswith("its eager reference composite")
+    assert f"results: {result['__path__']}" in proc.stderr
+    assert f"wrote {result['__path__']}" in proc.stdout
+    # CPU runs print times, not bandwidth (tiny shapes would show 0 GB/s).
+    assert "no bandwidth figures" in proc.stdout
+    assert "GB/s" not in proc.stdout
+    if providers.fla_version() is None:
+        assert "pip install fla-core" in proc.stderr
+        assert "pip install fla-core" in proc.stdout
 
 
 def test_records_have_the_schema(smoke):
@@ -113,7 +132,9 @@ def test_same_bytes_copy_is_timed_for_every_training_case_and_pass(smoke):
             assert entry["launches"] == len(halves)
             assert entry["median_ms"] > 0 and entry["gbps"] > 0
             assert entry["frac_copy"] == pytest.approx(entry["gbps"] / result["copy_gbps"])
-    assert "same-bytes copy" in proc.stdout
+    # A fraction of a CPU copy means nothing: the column is a GPU figure
+    # (test_gpu_report_prints_bandwidth_and_the_same_bytes_copy covers its printing).
+    assert "same-bytes copy" not in proc.stdout
 
 
 def test_decode_and_first_call_records(smoke):
@@ -162,3 +183,19 @@ def test_summary_lists_every_measurement_where_a_peer_was_faster():
     lines = summarize.peers_faster(result)
     assert lines == ["- a fwd: gatednorm 1000.0 us; faster: hf-compile 1.25x",
                      "- d fwd (graph): gatednorm 2.0 us; faster: fla 2.00x"]
+
+
+def test_gpu_report_prints_bandwidth_and_the_same_bytes_copy():
+    from gatednorm.bench import report
+
+    record = {"case": "c", "pass": "fwd", "provider": "gatednorm", "status": "ok",
+              "median_ms": 0.05, "gbps": 4000.0, "frac_copy": 0.95}
+    result = {"gpu": "NVIDIA H200", "torch": "2.11", "triton": "3.6", "gatednorm": "0.1.0",
+              "date": "d", "copy_gbps": 4210.0, "runtime_s": 1.0, "device": {"type": "cuda"},
+              "providers": [{"name": "gatednorm", "status": "available"}],
+              "records": [record], "first_calls": [], "fresh_cache": False,
+              "same_bytes_copy": [{"case": "c", "pass": "fwd", "frac_copy": 0.9}]}
+    text = report.format_report(result)
+    assert "copy bandwidth (read + write) 4210 GB/s" in text
+    assert "0.050 4000 95%" in text
+    assert "same-bytes copy" in text and "90%" in text

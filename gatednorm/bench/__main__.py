@@ -1,10 +1,18 @@
 """python -m gatednorm.bench: check and time gatednorm against its peers; JSON, table and plot.
 
-    python -m gatednorm.bench                       # full run (its bf16 cases: 6.5 min on an H200)
+    python -m gatednorm.bench                       # full run (about 6 min on an H200)
+    python -m gatednorm.bench --cases bf16 --all-peers   # some cases, every peer on each
     python -m gatednorm.bench --quick               # a third of the cases, fewer repetitions
-    python -m gatednorm.bench --smoke --out s.json  # tiny shapes, every code path, runs on CPU
+    python -m gatednorm.bench --smoke               # tiny shapes, every code path, runs on CPU
     python -m gatednorm.bench --cases head128,decode --providers gatednorm,fla --fresh-cache
     python -m gatednorm.bench --list                # the cases and providers, then exit
+
+Where results go: a full or ``--cases`` run on a GPU that times every provider updates
+``benchmarks/results/<gpu>.json`` (e.g. ``h200.json``; :mod:`gatednorm.bench.results`): the
+cases it measured replace their earlier records, the others stay, and the plot beside it is
+redrawn. ``--quick``, ``--smoke``, ``--providers`` and CPU runs write a file of their own
+under the temporary directory; ``--out FILE`` writes this run alone to FILE. The path is
+printed at the start and at the end.
 
 For every case (gatednorm.bench.cases) the inputs are drawn once, in enough rotated sets to
 keep the L2 cold, and the fp64 oracle is computed from the first set. Then, for every
@@ -29,23 +37,23 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import gc
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import triton
 
 import gatednorm
-from gatednorm.bench import cases, providers, report, timing
+from gatednorm.bench import cases, providers, report, results, timing
+from gatednorm.bench.measure import (Context, measure_decode, measure_same_bytes_copy,
+                                      measure_training, not_runnable, placeholders, warm_triton)
 
 # Full run on the H200: ~6 minutes of wall time in all; the case loop stops starting new
 # cases after this many seconds (startup, the copy measurement and the report take the rest).
@@ -68,9 +76,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cases", help="comma-separated substrings; keep cases whose name "
                                         "contains any of them")
     parser.add_argument("--providers", help="comma-separated provider names (default: all)")
-    parser.add_argument("--out", type=Path, help="results JSON (default: benchmarks/results/"
-                                                 "<gpu>-<date>.json on a GPU); the plot goes "
-                                                 "beside it as .png")
+    parser.add_argument("--out", type=Path,
+                        help="write this run alone to this JSON file (default: a full or "
+                             "--cases GPU run updates benchmarks/results/<gpu>.json, other runs "
+                             "write under the temporary directory); the plot goes beside it")
     parser.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     parser.add_argument("--fresh-cache", action="store_true",
                         help="point TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR at new empty "
@@ -108,167 +117,8 @@ def _command(argv: list[str] | None) -> str:
     return " ".join(["python", "-m", "gatednorm.bench", *map(shlex.quote, args)])
 
 
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parent, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True,
-                               cwd=Path(__file__).resolve().parent, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
-        return None
-    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-
-
-def _gpu_slug(name: str) -> str:
-    words = name.lower().replace("nvidia", "").split()
-    return "-".join(words) or "gpu"
-
-
 def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-@dataclass
-class Context:
-    """What every case of one run shares."""
-
-    device: torch.device
-    budget: timing.Budget
-    options: providers.Options
-    copy_gbps: float
-    all_peers: bool = False
-    same_bytes_copy: bool = False
-    first_calls: dict = field(default_factory=dict)
-    same_bytes_copies: list = field(default_factory=list)
-
-
-def _placeholders(provider_name: str, case, status: str, reason: str) -> list[dict]:
-    base = {"provider": provider_name, **case.describe(), "status": status, "error": reason,
-            "median_ms": None, "gbps": None, "frac_copy": None}
-    if case.is_decode:
-        return [{**base, "pass": "fwd", "mode": mode, "us_per_call": None}
-                for mode in ("eager", "graph")]
-    return [{**base, "pass": pass_} for pass_ in cases.PASSES]
-
-
-def _timed_record(base: dict, case, pass_: str, median_ms: float, ctx: Context) -> dict:
-    nbytes = case.bytes_moved(pass_)
-    gbps = nbytes / (median_ms * 1e-3) / 1e9 if median_ms > 0 else None
-    return {**base, "pass": pass_, "median_ms": median_ms, "bytes": nbytes, "gbps": gbps,
-            "frac_copy": gbps / ctx.copy_gbps if gbps is not None else None}
-
-
-def _first_call_entry(ctx: Context, case, fwd_s: float, bwd_s: float | None) -> None:
-    """gatednorm's first call per kernel configuration: D (or group), dtype, options, layout."""
-    config = (f"group={case.group} {case.dtype_name} {case.activation} "
-              f"{'norm-then-gate' if case.norm_before_gate else 'gate-first'} "
-              f"{case.gate_layout}{' decode' if case.is_decode else ''}")
-    if config not in ctx.first_calls:
-        ctx.first_calls[config] = {"config": config, "case": case.name,
-                                   "fwd_first_call_s": fwd_s, "bwd_first_call_s": bwd_s}
-
-
-def measure_training(provider, case, sets, truth, ctx: Context) -> list[dict]:
-    """First calls and check, then fwd, bwd and fwd+bwd timings of one provider on one case."""
-    fn = provider.build(case, ctx.options)
-    first = sets[0]
-    fwd_s, y = timing.first_call_s(providers.forward_call(fn, first), ctx.device)
-    bwd_s, grads = timing.first_call_s(
-        functools.partial(torch.autograd.grad, y, first.differentiable(), first.dy), ctx.device)
-    checked = providers.check(case, truth, y, grads)
-    del y, grads
-    if provider.name == providers.SUBJECT:
-        _first_call_entry(ctx, case, fwd_s, bwd_s)
-    base = {"provider": provider.name, **case.describe(), **checked,
-            "status": "ok" if checked["correct"] else "wrong", "error": None,
-            "n_sets": len(sets)}
-
-    def timed(pass_, calls, **extra):
-        t = timing.measure(calls, ctx.device, ctx.budget)
-        return _timed_record({**base, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "reps": t.reps,
-                              **extra}, case, pass_, t.median_ms, ctx)
-
-    fwd = timed("fwd", [providers.forward_call(fn, s) for s in sets], first_call_s=fwd_s)
-    both = timed("fwd+bwd", [providers.forward_backward_call(fn, s) for s in sets])
-    try:
-        bwd = timed("bwd", [providers.backward_call(fn, s) for s in sets],
-                    first_call_s=bwd_s, bwd_method="retained-graph")
-    except Exception as error:  # noqa: BLE001 - report and fall back, never abort the run
-        bwd = _timed_record({**base, "first_call_s": bwd_s,
-                             "bwd_method": f"fwd+bwd minus fwd (retained graph failed: "
-                                           f"{type(error).__name__}: {error})"},
-                            case, "bwd", both["median_ms"] - fwd["median_ms"], ctx)
-    return [fwd, bwd, both]
-
-
-def measure_decode(provider, case, sets, truth, ctx: Context) -> list[dict]:
-    """Inference forward per call: eager (host overhead included) and CUDA graph replay."""
-    fn = provider.build(case, ctx.options)
-    call = providers.forward_call(fn, sets[0])
-    records = []
-    with torch.no_grad():
-        fwd_s, y = timing.first_call_s(call, ctx.device)
-        checked = providers.check(case, truth, y, None)
-        del y
-        if provider.name == providers.SUBJECT:
-            _first_call_entry(ctx, case, fwd_s, None)
-        base = {"provider": provider.name, **case.describe(), **checked,
-                "status": "ok" if checked["correct"] else "wrong", "error": None, "n_sets": 1,
-                "calls": ctx.budget.decode_calls, "trials": ctx.budget.decode_trials}
-        eager_us = timing.per_call_us(call, ctx.device, ctx.budget.decode_calls,
-                                      ctx.budget.decode_trials)
-        records.append(_timed_record({**base, "mode": "eager", "us_per_call": eager_us,
-                                      "first_call_s": fwd_s}, case, "fwd", eager_us / 1e3, ctx))
-        if not timing.is_cuda(ctx.device):
-            records.append({**base, "pass": "fwd", "mode": "graph", "status": "n/a",
-                            "error": "CUDA graphs need a CUDA device", "median_ms": None,
-                            "gbps": None, "frac_copy": None, "us_per_call": None})
-            return records
-        try:
-            replay = timing.capture_graph(call, timing.GRAPH_CALLS)
-            graph_us = timing.per_call_us(replay, ctx.device, ctx.budget.decode_calls,
-                                          ctx.budget.decode_trials) / timing.GRAPH_CALLS
-            records.append(_timed_record({**base, "mode": "graph", "us_per_call": graph_us,
-                                          "calls_per_graph": timing.GRAPH_CALLS},
-                                         case, "fwd", graph_us / 1e3, ctx))
-        except Exception as error:  # noqa: BLE001
-            records.append({**base, "pass": "fwd", "mode": "graph", "status": "error",
-                            "error": f"{type(error).__name__}: {error}", "median_ms": None,
-                            "gbps": None, "frac_copy": None, "us_per_call": None})
-    return records
-
-
-def _not_runnable(provider, case, ctx: Context) -> tuple[str, str] | None:
-    """(status, reason) when ``provider`` will not be timed on ``case``, else None."""
-    unsupported = provider.unsupported(case)
-    if unsupported is not None:
-        return "n/a", unsupported
-    missing = provider.missing()
-    if missing is not None:
-        return "missing", missing
-    if not ctx.all_peers and case.providers and provider.name not in case.providers:
-        return "skipped", ("not timed on this case by default, to bound the run "
-                           "(--all-peers times it)")
-    return None
-
-
-def measure_same_bytes_copy(case, ctx: Context) -> list[dict]:
-    """Per pass, copies moving the pass's bytes (half read, half written; the forward and the
-    backward one launch each, fwd+bwd both in turn), timed like the pass: what a kernel at
-    the large copy's speed per byte but of this size could reach."""
-    entries = []
-    halves = {p: case.bytes_moved(p) // 2 for p in ("fwd", "bwd")}
-    for pass_, sizes in (("fwd", [halves["fwd"]]), ("bwd", [halves["bwd"]]),
-                         ("fwd+bwd", [halves["fwd"], halves["bwd"]])):
-        median_ms = timing.same_bytes_copy_ms(sizes, ctx.device, ctx.budget)
-        gbps = 2 * sum(sizes) / (median_ms * 1e-3) / 1e9
-        entries.append({"case": case.name, "pass": pass_, "bytes": 2 * sum(sizes),
-                        "launches": len(sizes), "median_ms": median_ms, "gbps": gbps,
-                        "frac_copy": gbps / ctx.copy_gbps})
-    return entries
 
 
 def run_case(case, selected, ctx: Context) -> list[dict]:
@@ -276,11 +126,11 @@ def run_case(case, selected, ctx: Context) -> list[dict]:
     by_provider: dict[str, list[dict]] = {}
     runnable = []
     for provider in selected:
-        reason = _not_runnable(provider, case, ctx)
+        reason = not_runnable(provider, case, ctx)
         if reason is None:
             runnable.append(provider)
         else:
-            by_provider[provider.name] = _placeholders(provider.name, case, *reason)
+            by_provider[provider.name] = placeholders(provider.name, case, *reason)
     if runnable:
         n_sets = timing.rotation_sets(case, ctx.device, ctx.budget)
         sets = [case.make_inputs(ctx.device, seed=i) for i in range(n_sets)]
@@ -290,7 +140,7 @@ def run_case(case, selected, ctx: Context) -> list[dict]:
         try:
             by_provider[provider.name] = measure(provider, case, sets, truth, ctx)
         except Exception as error:  # noqa: BLE001 - one provider's failure must not stop the run
-            by_provider[provider.name] = _placeholders(provider.name, case, "error",
+            by_provider[provider.name] = placeholders(provider.name, case, "error",
                                                        f"{type(error).__name__}: {error}")
     if runnable:
         # The next case has other shapes: hand this one's blocks back to the allocator.
@@ -312,57 +162,21 @@ def _case_line(case, records: list[dict]) -> str:
         if not any(report.timed(r) for r in mine):
             parts.append(f"{provider} {mine[0]['status']}")
             continue
-        values = [(f"{r['us_per_call']:.1f}" if case.is_decode else f"{r['median_ms']:.3f}")
-                  if report.timed(r) else r["status"] for r in mine]
+        values = [(f"{r['us_per_call']:.1f}{unit}" if case.is_decode
+                   else f"{r['median_ms']:.3f}{unit}") if report.timed(r) else r["status"]
+                  for r in mine]
         flag = " WRONG" if any(r["status"] == "wrong" for r in mine) else ""
-        parts.append(f"{provider} {'/'.join(values)}{unit}{flag}")
+        parts.append(f"{provider} {'/'.join(values)}{flag}")
     return f"{case.name} ({'/'.join(shown)}): " + ", ".join(parts)
-
-
-def _warm_triton(ctx: Context) -> float | None:
-    """One tiny gatednorm forward and backward in a configuration no case uses, so that
-    Triton's one-time setup (driver, launcher build) is not charged to the first case."""
-    if not (timing.is_cuda(ctx.device) or os.environ.get("TRITON_INTERPRET") == "1"):
-        return None
-    x = torch.randn(2, 8, device=ctx.device, requires_grad=True)
-    gate = torch.randn(2, 8, device=ctx.device, requires_grad=True)
-
-    def call():
-        y = gatednorm.rms_norm_gated(x, gate, activation="sigmoid", rounding="fp32")
-        return torch.autograd.grad(y, (x, gate), torch.ones_like(y))
-
-    seconds, _ = timing.first_call_s(call, ctx.device)
-    return seconds
-
-
-def _device_info(device) -> dict:
-    if not timing.is_cuda(device):
-        return {"type": "cpu", "processor": platform.processor() or platform.machine(),
-                "l2_bytes_assumed": timing.l2_bytes(device)}
-    props = torch.cuda.get_device_properties(device)
-    return {"type": "cuda", "name": props.name, "capability": f"{props.major}.{props.minor}",
-            "sm_count": props.multi_processor_count, "memory_bytes": props.total_memory,
-            "l2_bytes": timing.l2_bytes(device), "cuda": torch.version.cuda}
-
-
-def _default_out(device, mode: str, gpu: str, filtered: bool) -> Path:
-    """benchmarks/results/<gpu>-<date>.json for a full GPU run (-quick, -subset when not
-    full); a temporary file for smoke and CPU runs."""
-    date = datetime.date.today().isoformat()
-    if timing.is_cuda(device) and mode != "smoke":
-        tags = ([] if mode == "full" else [mode]) + (["subset"] if filtered else [])
-        name = "-".join([_gpu_slug(gpu), date, *tags]) + ".json"
-        return Path("benchmarks") / "results" / name
-    return Path(tempfile.gettempdir()) / "gatednorm-bench" / f"{mode}-{device.type}-{date}.json"
 
 
 def _skip_case(case, selected, ctx: Context, budget_s: float) -> list[dict]:
     """Placeholders for a case the run did not reach within its time budget."""
     records = []
     for provider in selected:
-        reason = _not_runnable(provider, case, ctx) or (
+        reason = not_runnable(provider, case, ctx) or (
             "skipped", f"not reached within --budget-s {budget_s:.0f}")
-        records += _placeholders(provider.name, case, *reason)
+        records += placeholders(provider.name, case, *reason)
     return records
 
 
@@ -403,6 +217,31 @@ def _print_list(case_list, selected) -> None:
               f"{'  [' + missing + ']' if missing else ''}")
 
 
+def _subject_path(device: torch.device) -> str:
+    """What gatednorm runs on this device."""
+    if timing.is_cuda(device):
+        return "Triton kernels"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "Triton kernels through Triton's interpreter"
+    return "its eager reference composite (CPU tensors without TRITON_INTERPRET=1)"
+
+
+def _start_message(mode, gpu, device, case_list, selected, ctx, out, out_why) -> str:
+    lines = [f"gatednorm bench ({mode}): {gpu}, {len(case_list)} cases, providers "
+             f"{', '.join(p.name for p in selected)}"]
+    lines.append(f"gatednorm runs {_subject_path(device)}")
+    if timing.is_cuda(device):
+        lines.append(f"copy bandwidth {ctx.copy_gbps:.0f} GB/s (read + write)")
+    else:
+        lines.append("CPU: wall-clock times of tiny shapes, which show that every code path "
+                     "runs; no bandwidth figures" + ("" if os.environ.get("TRITON_INTERPRET")
+                                                     == "1" else "; set TRITON_INTERPRET=1 to "
+                                                     "run gatednorm's kernels instead"))
+    lines += [f"{p.name}: {p.missing()}" for p in selected if p.missing()]
+    lines.append(f"results: {out} ({out_why})")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = parse_args(argv)
@@ -441,7 +280,11 @@ def main(argv: list[str] | None = None) -> int:
         FULL_BUDGET_S if mode == "full" else None)
     budget_s = budget_s or None
     gpu = torch.cuda.get_device_name(device) if timing.is_cuda(device) else "cpu"
-    out = args.out or _default_out(device, mode, gpu, bool(args.cases or args.providers))
+    if args.out is not None:
+        out, update, out_why = args.out, False, "--out"
+    else:
+        out, update, out_why = results.output_path(device, mode, gpu, bool(args.providers))
+    previous = results.load(out) if update else None
 
     copy_bytes = COPY_BYTES_CUDA if timing.is_cuda(device) else COPY_BYTES_CPU
     ctx = Context(device=device, budget=budget, options=options,
@@ -449,23 +292,23 @@ def main(argv: list[str] | None = None) -> int:
                   all_peers=args.all_peers,
                   same_bytes_copy=((timing.is_cuda(device) or mode == "smoke")
                                    and not args.no_same_bytes_copy))
-    triton_init_s = (_warm_triton(ctx)
+    triton_init_s = (warm_triton(ctx)
                      if any(p.name == providers.SUBJECT for p in selected) else None)
-    _progress(f"gatednorm bench ({mode}): {gpu}, {len(case_list)} cases, providers "
-              f"{', '.join(p.name for p in selected)}; copy {ctx.copy_gbps:.0f} GB/s")
+    _progress(_start_message(mode, gpu, device, case_list, selected, ctx, out, out_why))
     header = {
         "gpu": gpu,
         "torch": torch.__version__,
         "triton": triton.__version__,
+        "gatednorm": gatednorm.__version__,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": _command(argv),
         "copy_gbps": ctx.copy_gbps,
         "mode": mode,
+        "subject_path": _subject_path(device),
         "python": platform.python_version(),
-        "gatednorm": gatednorm.__version__,
-        "git_commit": _git_commit(),
+        "git_commit": results.git_commit(),
         "fla": providers.fla_version(),
-        "device": _device_info(device),
+        "device": results.device_info(device),
         "options": asdict(options),
         "budget": asdict(budget),
         "budget_s": budget_s,
@@ -481,19 +324,24 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     def result_with(records: list[dict], complete: bool) -> dict:
-        return {**header, "first_calls": list(ctx.first_calls.values()),
-                "same_bytes_copy": list(ctx.same_bytes_copies), "records": records,
-                "runtime_s": time.perf_counter() - started, "complete": complete}
+        run = results.single_run(header, records, list(ctx.same_bytes_copies),
+                                 list(ctx.first_calls.values()))
+        run.update(runtime_s=time.perf_counter() - started, complete=complete)
+        return run if previous is None else results.merge(previous, run)
 
     records = run_cases(case_list, selected, ctx, budget_s, started,
                         save_partial=lambda done: report.write_json(out, result_with(done, False)))
     result = result_with(records, True)
     report.write_json(out, result)
     plot_note = None if args.no_plot else report.plot(result, out.with_suffix(".png"))
-    print(report.format_report(result))
+    # The table shows this run's records only (the file may hold earlier runs' cases too).
+    run_cases_only = {c.name for c in case_list}
+    print(report.format_report({**result, "records": [
+        r for r in result["records"] if r["case"] in run_cases_only]}))
     written = [str(out)] + ([str(out.with_suffix(".png"))]
                             if not args.no_plot and plot_note is None else [])
-    print(f"\nwrote {' and '.join(written)}" + (f" ({plot_note})" if plot_note else ""))
+    print(f"\nwrote {' and '.join(written)}" + (f" ({out_why})" if update else "")
+          + (f"; {plot_note}" if plot_note else ""))
     return 0
 
 

@@ -156,7 +156,9 @@ def fla_version() -> str | None:
 
 def _fla_missing() -> str | None:
     rms_norm_gated, _, error = _fla_api()
-    return None if rms_norm_gated is not None else f"fla-core not importable ({error})"
+    if rms_norm_gated is not None:
+        return None
+    return f"not installed: pip install fla-core (import failed: {error})"
 
 
 def _build_fla(case: Case, options: Options) -> NormFn:

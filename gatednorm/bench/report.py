@@ -60,12 +60,14 @@ def _status_cell(record: dict | None) -> str:
     return record["status"] if record["status"] != "error" else "ERROR"
 
 
-def _subject_cell(record: dict | None, decode: bool) -> str:
+def _subject_cell(record: dict | None, decode: bool, bandwidth: bool) -> str:
     if record is None or not timed(record):
         return _status_cell(record)
     flag = "" if record["status"] == "ok" else " WRONG"
     if decode:
         return f"{record['us_per_call']:.1f}us{flag}"
+    if not bandwidth:
+        return f"{record['median_ms']:.3f}{flag}"
     return f"{record['median_ms']:.3f} {record['gbps']:.0f} {record['frac_copy']:.0%}{flag}"
 
 
@@ -80,14 +82,15 @@ def _peer_cell(peer: dict | None, subject: dict | None, decode: bool) -> str:
     return f"{value} {peer['median_ms'] / subject['median_ms']:.2f}x"
 
 
-def _table(records: list[dict], providers: list[str], decode: bool,
+def _table(records: list[dict], providers: list[str], decode: bool, bandwidth: bool,
            same_bytes_copy: list[dict] | None = None) -> list[str]:
     index = index_records(records)
     keys = _row_keys(records, decode)
     if not keys:
         return []
     peers = [p for p in providers if p != SUBJECT]
-    copies = {(c["case"], c["pass"]): c for c in same_bytes_copy or []} if not decode else {}
+    copies = ({(c["case"], c["pass"]): c for c in same_bytes_copy or []}
+              if bandwidth and not decode else {})
     width = max(len(k[0]) for k in keys)
     label = "mode" if decode else "pass"
     subject_width = 14 if decode else 22
@@ -98,7 +101,7 @@ def _table(records: list[dict], providers: list[str], decode: bool,
     for case, pass_, mode in keys:
         subject = index.get((case, pass_, mode, SUBJECT))
         row = (f"{case:<{width}}  {(mode or pass_):<7}  "
-               f"{_subject_cell(subject, decode):<{subject_width}}")
+               f"{_subject_cell(subject, decode, bandwidth):<{subject_width}}")
         if copies:
             copy = copies.get((case, pass_))
             cell = f"{copy['frac_copy']:.0%}" if copy else "-"
@@ -113,20 +116,28 @@ def format_report(result: dict) -> str:
     """The tables printed at the end of a run."""
     records = result["records"]
     providers = [p["name"] for p in result["providers"]]
+    # Bandwidth is a GPU figure: a CPU run times tiny shapes to show the code paths run.
+    bandwidth = result.get("device", {}).get("type") == "cuda"
     lines = [
         f"gatednorm bench: {result['gpu']}, torch {result['torch']}, triton {result['triton']}, "
-        f"{result['date']}",
-        f"copy bandwidth (read + write): {result['copy_gbps']:.0f} GB/s; runtime "
-        f"{result['runtime_s']:.0f} s",
+        f"gatednorm {result.get('gatednorm')}, {result['date']}",
+        f"gatednorm ran {result.get('subject_path', 'Triton kernels')}; runtime "
+        f"{result['runtime_s']:.0f} s; "
+        + (f"copy bandwidth (read + write) {result['copy_gbps']:.0f} GB/s" if bandwidth else
+           "CPU: wall-clock times of tiny shapes, no bandwidth figures"),
         "",
-        "Training-size passes. gatednorm: median ms, GB/s, fraction of copy bandwidth. "
-        "Same-bytes copy: copies moving the pass's bytes, timed alike, as a fraction of the "
-        "large copy (what the size alone allows). Peers: median ms and their time over "
-        "gatednorm's (>1x: gatednorm is faster).",
     ]
-    lines += _table(records, providers, decode=False,
+    if bandwidth:
+        lines.append("Training-size passes. gatednorm: median ms, GB/s, fraction of copy "
+                     "bandwidth. Same-bytes copy: copies moving the pass's bytes, timed alike, "
+                     "as a fraction of the large copy (what the size alone allows). Peers: "
+                     "median ms and their time over gatednorm's (>1x: gatednorm is faster).")
+    else:
+        lines.append("Training-size passes: median ms per call of gatednorm and each peer, "
+                     "with the peer's time over gatednorm's.")
+    lines += _table(records, providers, decode=False, bandwidth=bandwidth,
                     same_bytes_copy=result.get("same_bytes_copy"))
-    decode = _table(records, providers, decode=True)
+    decode = _table(records, providers, decode=True, bandwidth=bandwidth)
     if decode:
         lines += ["", "Decode forward, time per call with host overhead (eager) and per CUDA "
                       "graph replay (graph); peers with their time over gatednorm's."]
@@ -155,6 +166,8 @@ def format_report(result: dict) -> str:
                 lines.append(f"  {r['status']}: {r['provider']} / {r['case']}: "
                              f"{r.get('error') or _check_summary(r)}")
     lines += [f"  skipped ({n} records): {reason}" for reason, n in skipped.items()]
+    lines += [f"  {p['name']}: {p['reason']}" for p in result["providers"]
+              if p.get("status") == "missing"]
     return "\n".join(lines)
 
 
@@ -171,7 +184,7 @@ def plot(result: dict, path: Path) -> str | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as error:
-        return f"no plot: {error}"
+        return f"no plot ({error}; pip install matplotlib)"
     records = [r for r in result["records"] if r.get("mode") is None]
     cases = list(dict.fromkeys(r["case"] for r in records))
     if not cases:

@@ -1,0 +1,159 @@
+"""The README's performance table, generated from a results file of ``python -m gatednorm.bench``.
+
+    python benchmarks/readme_table.py                           # print it (benchmarks/results/h200.json)
+    python benchmarks/readme_table.py --write README.md         # replace the README's block
+    python benchmarks/readme_table.py --check README.md         # exit 1 if the README's block differs
+
+The block sits between the markers ``<!-- perf-table:start -->`` and ``<!-- perf-table:end -->``.
+Rows: the bf16 model shapes with a contiguous gate (and GDN with a gate sliced from a
+projection), then the bf16 D sweep in two ranges; one decode line. Every figure is read from
+the file: gatednorm's fraction of the copy bandwidth per pass (``frac_copy``), its fwd+bwd
+time, and each peer's fwd+bwd time over gatednorm's (``tests/test_readme_table.py`` checks
+that the committed README matches the committed file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from gatednorm.bench.report import index_records
+
+DEFAULT_RESULTS = Path("benchmarks") / "results" / "h200.json"
+START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
+# (label, cases): one case gives exact figures, several give ranges.
+ROWS = (
+    ("GDN 4096 x 32 x 128", ["head128-4096x32-silu-bf16-contig"]),
+    ("GDN 8192 x 32 x 128", ["head128-8192x32-silu-bf16-contig"]),
+    ("GDN 8192 x 32 x 128, gate sliced from a projection", ["head128-8192x32-silu-bf16-proj"]),
+    ("GDN 65536 x 32 x 128", ["head128-65536x32-silu-bf16-contig"]),
+    ("Kimi 4096 x 96 x 128, sigmoid", ["head128-4096x96-sigmoid-bf16-contig"]),
+    ("Nemotron-H 8192 x 8192, groups of 1024, gate first",
+     ["nemotronh-8192x8192-g1024-bf16-contig"]),
+    ("Mamba2 8192 x 5120, groups of 640, gate first", ["mamba2-8192x5120-g640-bf16-contig"]),
+    ("D = 64 to 8192 (8 widths, 50M elements each)",
+     [f"sweep-d{d}-{48 * 2**20 // d}r-bf16" for d in (64, 96, 192, 256, 1024, 2048, 4096, 8192)]),
+    ("D = 16384 and 32768", ["sweep-d16384-3072r-bf16", "sweep-d32768-1536r-bf16"]),
+)
+# Column -> providers tried in order (FLA's Mamba-style op where its fused norm cannot run).
+PEERS = (("torch.compile", ("hf-compile",)), ("FLA", ("fla", "fla-mamba")),
+         ("eager transformers", ("hf-eager",)))
+DECODE_CASE = "decode-1x32x128-bf16"
+
+
+def _ok(record: dict | None) -> bool:
+    return record is not None and record["status"] == "ok"
+
+
+def _span(values: list[float], fmt, unit: str) -> str:
+    """'lo-hi<unit>', or one value when both print alike; ``fmt`` formats one value."""
+    low, high = fmt(min(values)), fmt(max(values))
+    return (low if low == high else f"{low}-{high}") + unit
+
+
+def _whole(value: float) -> str:
+    return f"{value:.0f}"
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def _peer_cell(index: dict, cases: list[str], names: tuple[str, ...]) -> str:
+    ratios, labels = [], set()
+    for case in cases:
+        mine = index[(case, "fwd+bwd", None, "gatednorm")]
+        for name in names:
+            peer = index.get((case, "fwd+bwd", None, name))
+            if _ok(peer):
+                ratios.append(peer["median_ms"] / mine["median_ms"])
+                labels.add(name)
+                break
+    if not ratios:
+        return "-"
+    suffix = " (Mamba op)" if labels == {"fla-mamba"} else ""
+    return _span(ratios, _ratio, "x") + suffix
+
+
+def table_rows(result: dict) -> list[str]:
+    index = index_records(result["records"])
+    lines = ["| case | fwd | bwd | fwd+bwd | " + " | ".join(f"vs {c}" for c, _ in PEERS) + " |",
+             "| --- " * (4 + len(PEERS)) + "|"]
+    for label, cases in ROWS:
+        subject = {p: [index[(c, p, None, "gatednorm")] for c in cases]
+                   for p in ("fwd", "bwd", "fwd+bwd")}
+        if not all(_ok(r) for records in subject.values() for r in records):
+            raise ValueError(f"{label}: gatednorm has no ok record in {cases}")
+        percent = {p: _span([100 * r["frac_copy"] for r in records], _whole, " %")
+                   for p, records in subject.items()}
+        both = percent["fwd+bwd"]
+        if len(cases) == 1:
+            both = f"{subject['fwd+bwd'][0]['median_ms']:.3f} ms, {both}"
+        cells = [label, percent["fwd"], percent["bwd"], both]
+        cells += [_peer_cell(index, cases, names) for _, names in PEERS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def decode_line(result: dict) -> str:
+    index = index_records(result["records"])
+
+    def us(provider: str, mode: str) -> str:
+        record = index.get((DECODE_CASE, "fwd", mode, provider))
+        return f"{record['us_per_call']:.1f} us" if _ok(record) else "-"
+
+    return (f"Decode, one token x 32 heads x 128 (bf16, gate sliced from a projection): "
+            f"{us('gatednorm', 'graph')} per forward inside a CUDA graph (torch.compile "
+            f"{us('hf-compile', 'graph')}, FLA {us('fla', 'graph')}), {us('gatednorm', 'eager')} "
+            f"per eager call, host included (torch.compile {us('hf-compile', 'eager')}, FLA "
+            f"{us('fla', 'eager')}).")
+
+
+def method_line(result: dict, results_path: str) -> str:
+    copies = [run["copy_gbps"] for run in result["runs"]]
+    gbps = _span(copies, _whole, " GB/s")
+    return (f"{result['gpu']}, bf16, `{results_path}`: median kernel time on L2-cold inputs, "
+            f"as a percentage of the copy bandwidth measured in the same run ({gbps}, read + "
+            f"write); peers as their forward+backward time over gatednorm's (above 1x: "
+            f"gatednorm is faster).")
+
+
+def block(result: dict, results_path: str) -> str:
+    lines = [START, method_line(result, results_path), "", *table_rows(result), "",
+             decode_line(result), END]
+    return "\n".join(lines)
+
+
+def replace_block(text: str, new_block: str) -> str:
+    start, end = text.find(START), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"no {START} ... {END} block found")
+    return text[:start] + new_block + text[end + len(END):]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("results", nargs="?", type=Path, default=DEFAULT_RESULTS)
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--write", type=Path, metavar="README", help="replace the block in it")
+    action.add_argument("--check", type=Path, metavar="README",
+                        help="exit 1 if its block differs from the generated one")
+    args = parser.parse_args(argv)
+    result = json.loads(args.results.read_text())
+    new_block = block(result, args.results.as_posix())
+    if args.write:
+        args.write.write_text(replace_block(args.write.read_text(), new_block))
+    elif args.check:
+        if replace_block(args.check.read_text(), new_block) != args.check.read_text():
+            print(f"{args.check}: the performance table differs from {args.results}; run "
+                  f"python benchmarks/readme_table.py --write {args.check}", file=sys.stderr)
+            return 1
+    else:
+        print(new_block)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
