@@ -98,7 +98,9 @@ def check(source: Call, replacement: Call, spec: GatedNormSpec, weight: torch.Te
             exception the source or the replacement raised on the probe.
     """
     x, gate, probe_weight = probe_inputs(spec, weight)
-    exact = not _runs_fused(x)
+    # flash-linear-attention's kernel computes silu as g * sigmoid(g), torch as one op: its
+    # conversion is held to the tolerance even where the replacement runs eager PyTorch.
+    exact = not _runs_fused(x) and spec.shape != "fla"
     for case_gate in ((gate, None) if ungated_call else (gate,)):
         case = "with a gate" if case_gate is not None else "without a gate"
         try:
