@@ -88,6 +88,40 @@ def _kimi_linear():
         layer_types=["linear_attention", "full_attention"])
 
 
+def _mamba_hybrid(model_name, **options):
+    # Bamba and GraniteMoeHybrid: grouped gate-first norms from transformers 5.23.
+    return model_name, dict(intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                            mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2,
+                            mamba_d_state=16, mamba_chunk_size=8, **options)
+
+
+def _linear_attention_moe(model_name, config_class="", **options):
+    # Qwen3.5-MoE, LaraMini and Qwen4-Exp share Qwen3-Next's gated-delta-net layout.
+    return model_name, dict(
+        config_class=config_class, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+        linear_num_value_heads=4, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        num_experts=4, num_experts_per_tok=2, **options)
+
+
+def _olmo_hybrid():
+    return "OlmoHybridForCausalLM", dict(
+        intermediate_size=128, num_attention_heads=4, num_key_value_heads=4, pad_token_id=0,
+        layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
+        linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=32)
+
+
+def _bailing_hybrid():
+    return "BailingHybridForCausalLM", dict(
+        intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4,
+        num_key_value_heads=4, kv_lora_rank=16, qk_rope_head_dim=8, v_head_dim=16,
+        qk_nope_head_dim=8, num_expert_group=1, topk_group=1, num_experts_per_token=2,
+        num_experts=4, head_dim=16, layer_group_size=2, pad_token_id=0,
+        layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "sparse"],
+        linear_head_dim=16, linear_num_heads=4, num_nextn_predict_layers=0,
+        expert_swiglu_limit_list=[0, 0], share_expert_swiglu_limit_list=[0, 0])
+
+
 FAMILIES = {
     "qwen3_next": _qwen3_next,
     "qwen3_5": _qwen3_5,
@@ -98,10 +132,34 @@ FAMILIES = {
     "zamba2": _zamba2,
     "kimi_linear": _kimi_linear,
 }
+# Families of transformers 5.23+ (skipped where the installed release lacks them). Glm5Next has
+# no tiny CPU model (its indexed attention needs a kernel): its norm is checked module by module.
+NEWER_FAMILIES = {
+    "bamba": lambda: _mamba_hybrid("BambaForCausalLM", attn_layer_indices=[1]),
+    "granitemoehybrid": lambda: _mamba_hybrid(
+        "GraniteMoeHybridForCausalLM", num_local_experts=4, num_experts_per_tok=2,
+        shared_intermediate_size=32, layer_types=["mamba", "attention"]),
+    "qwen3_5_moe": lambda: _linear_attention_moe(
+        "Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig",
+        layer_types=["linear_attention", "full_attention"]),
+    "lara_mini": lambda: _linear_attention_moe(
+        "LaraMiniForCausalLM", layer_types=["linear_attention", "full_attention"]),
+    "qwen4_exp": lambda: _linear_attention_moe(
+        "Qwen4ExpForCausalLM", "Qwen4ExpTextConfig", pad_token_id=0,
+        layer_types=["linear_attention", "indexed_attention"], hc_lowrank=8, ple_embed_dim=64,
+        ngram_vocab_size_base=256, heads_per_ngram=2, indexer_n_heads=2, indexer_kv_heads=1,
+        indexer_head_dim=16, indexer_budget=4, indexer_compress_ratio=2),
+    "olmo_hybrid": _olmo_hybrid,
+    "bailing_hybrid": _bailing_hybrid,
+}
+ALL_FAMILIES = {**FAMILIES, **NEWER_FAMILIES}
+# The default run takes every family through forward and backward; generation and the
+# interpreted kernels on the newer families are the slow step's.
+SLOW_NEWER = [pytest.param(f, marks=pytest.mark.slow) for f in NEWER_FAMILIES]
 
 
 def _tiny_model(family: str, dtype: torch.dtype) -> nn.Module:
-    model_name, options = FAMILIES[family]()
+    model_name, options = ALL_FAMILIES[family]()
     model_cls = getattr(transformers, model_name, None)
     if model_cls is None:
         pytest.skip(f"transformers {transformers.__version__} has no {model_name}")
@@ -140,7 +198,7 @@ def _forward_backward(model, ids):
 
 @bit_exact
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", list(ALL_FAMILIES))
 def test_patched_model_forward_backward_bit_identical(family, dtype):
     model = _tiny_model(family, dtype)
     patched, names, calls = _patched_copy(model)
@@ -160,7 +218,7 @@ def test_patched_model_forward_backward_bit_identical(family, dtype):
 
 
 @bit_exact
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [*FAMILIES, *SLOW_NEWER])
 def test_patched_model_generates_identically(family):
     # Greedy decoding with the cache: the single-token paths (Mamba2-style mixers pass
     # [B, 1, D] in the activation dtype; FalconH1 squeezes it) go through the replacements.
@@ -179,7 +237,7 @@ def test_patched_model_generates_identically(family):
 
 @pytest.mark.skipif(not ops.INTERPRET, reason="runs the Triton kernels on CPU: needs "
                     "TRITON_INTERPRET=1 before import (tests/conftest.py sets it by default)")
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [*FAMILIES, *SLOW_NEWER])
 def test_patched_model_through_interpreted_kernels(family):
     # fp32, where the kernels differ from the eager composite only in reduction order (about
     # 1e-7 relative); through two layers and back that stays near 1e-6. bf16 is left to the
@@ -237,7 +295,7 @@ def test_patch_leaves_other_modules_and_instances_alone():
 def test_unpatch_restores_originals_with_trained_weights():
     model = _tiny_model("mamba2", torch.float32)
     originals = {name: m for name, m in model.named_modules()
-                 if type(m).__name__ == "MambaRMSNormGated"}
+                 if type(m).__name__ in ("MambaRMSNormGated", "Mamba2RMSNormGated")}
     names = gn_transformers.patch(model).replaced
     assert sorted(names) == sorted(originals)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
