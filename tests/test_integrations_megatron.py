@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import run_interpreted
-from gatednorm import ops
+from gatednorm import functional, ops
+from gatednorm.kernels import launch
 from gatednorm.integrations.megatron import MegatronGatedRMSNorm, gdn_gated_norm
 
 
@@ -26,6 +27,9 @@ from gatednorm.integrations.megatron import MegatronGatedRMSNorm, gdn_gated_norm
 def reference_path(monkeypatch):
     """CPU tensors run the eager reference composite, also when the suite set TRITON_INTERPRET."""
     monkeypatch.setattr(ops, "INTERPRET", False)
+    # Calls already checked or launched under the interpreter would keep running the kernels.
+    monkeypatch.setattr(functional, "_CHECKED", {})
+    monkeypatch.setattr(launch, "_PLANS", {})
 
 
 bit_exact = pytest.mark.usefixtures("reference_path")

@@ -29,7 +29,8 @@ from torch import nn
 transformers = pytest.importorskip("transformers")
 
 from conftest import run_interpreted  # noqa: E402
-from gatednorm import RMSNormGated, ops  # noqa: E402
+from gatednorm import RMSNormGated, functional, ops  # noqa: E402
+from gatednorm.kernels import launch  # noqa: E402
 from gatednorm import integrations  # noqa: E402
 from gatednorm.integrations import convert  # noqa: E402
 from gatednorm.integrations import transformers as gn_transformers  # noqa: E402
@@ -41,6 +42,9 @@ def reference_path(monkeypatch):
     """CPU tensors run the eager reference composite, what a CPU user gets without
     TRITON_INTERPRET, also in a run that set TRITON_INTERPRET=1 for the kernel tests."""
     monkeypatch.setattr(ops, "INTERPRET", False)
+    # Calls already checked or launched under the interpreter would keep running the kernels.
+    monkeypatch.setattr(functional, "_CHECKED", {})
+    monkeypatch.setattr(launch, "_PLANS", {})
 
 
 bit_exact = pytest.mark.usefixtures("reference_path")

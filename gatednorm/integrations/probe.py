@@ -8,6 +8,9 @@ the source accepts it, without. On the eager reference path (CPU tensors without
 error against the fp64 result of the same formula may be at most twice the source's own error
 plus one unit of the output dtype (the project's tolerance rule). A model is probed once per
 distinct configuration (class, options, dtype, device): a Qwen3-Next with 48 layers has one.
+On the kernels the source must also lie within a few units of its dtype of the converted
+formula's fp64 value, so that a module computing something else (another grouping) cannot pass
+on the strength of its own large "error".
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from gatednorm.integrations.calling import forward_like_source, ungated
 from gatednorm.integrations.shapes import GatedNormSpec
 
 PROBE_SHAPE = (2, 3)  # batch, sequence: six rows per call
+# A module computing the converted formula lies within this many units of its output dtype
+# (at the top of the range) of the formula's fp64 value: at most three roundings to a 16-bit
+# dtype ("hf"), each half a unit of a value no larger than the top.
+_FORMULA_UNITS = 4
 
 # call(weight, x, gate) -> y, gate possibly None
 Call = Callable[[torch.Tensor | None, torch.Tensor, torch.Tensor | None], torch.Tensor]
@@ -72,10 +79,14 @@ def _measure(expected: torch.Tensor, actual: torch.Tensor, truth: torch.Tensor |
     measured = f"differs by {max_abs:.3e} at most ({relative:.2e} relative L2)"
     if truth is None:
         return "" if torch.equal(actual, expected) else measured + ", expected the same bits"
-    scale = truth.abs().max().item() if truth.numel() else 0.0
+    unit = torch.finfo(actual.dtype).eps * (truth.abs().max().item() if truth.numel() else 0.0)
     own_error = (expected.double() - truth).abs().max().item()
+    if own_error > _FORMULA_UNITS * unit:
+        # The module itself is not the spec's formula rounded to its dtype: another op.
+        return (f"{measured}; the module is {own_error:.3e} away from the converted formula "
+                f"in fp64, more than its rounding explains ({_FORMULA_UNITS * unit:.3e})")
     error = (actual.double() - truth).abs().max().item()
-    allowed = 2 * own_error + torch.finfo(actual.dtype).eps * scale
+    allowed = 2 * own_error + unit
     if error <= allowed and torch.isfinite(actual).all():
         return ""
     return (f"{measured}; its error against fp64 is {error:.3e}, the module's own "
