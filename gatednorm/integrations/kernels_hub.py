@@ -33,7 +33,7 @@ from gatednorm.integrations.shapes import GatedNormSpec, source_name
 
 LAYER_NAME = "RMSNormGated"
 _SPEC = "_gatednorm_spec"
-# Configuration (class, spec, weight dtype, device) -> '' or the check's failure message.
+# Configuration (class, its forward, spec, weight dtype, device) -> '' or the failure message.
 _CHECKED: dict[tuple, str] = {}
 
 
@@ -48,7 +48,8 @@ def _original(module: nn.Module) -> nn.Module:
 def _prepare(module: nn.Module, where: str | None = None) -> GatedNormSpec:
     spec = convert.describe(module)
     weight = module.weight
-    key = (type(module), spec, weight.dtype, weight.device)
+    # The class's forward is part of the key: a class patched or reloaded is checked again.
+    key = (type(module), type(module).forward, spec, weight.dtype, weight.device)
     if key not in _CHECKED and weight.device.type != "meta":
         def replacement(w, x, gate):
             return forward_like_source(spec, w, x, gate)
