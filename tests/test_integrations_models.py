@@ -79,13 +79,16 @@ def _zamba2():
         chunk_size=8, adapter_rank=8)
 
 
+# Multi-head latent attention with linear-attention layers (Kimi Linear, BailingHybrid).
+MLA_HYBRID = dict(
+    intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4, num_key_value_heads=4,
+    kv_lora_rank=16, qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=8, linear_head_dim=16,
+    linear_num_heads=4, pad_token_id=0, layer_types=["linear_attention", "full_attention"])
+
+
 def _kimi_linear():
     return "KimiLinearForCausalLM", dict(
-        intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4,
-        num_key_value_heads=4, kv_lora_rank=16, qk_rope_head_dim=8, v_head_dim=16,
-        qk_nope_head_dim=8, num_local_experts=4, num_experts_per_tok=2, linear_head_dim=16,
-        linear_num_heads=4, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-        layer_types=["linear_attention", "full_attention"])
+        MLA_HYBRID, num_local_experts=4, num_experts_per_tok=2, bos_token_id=1, eos_token_id=2)
 
 
 def _mamba_hybrid(model_name, **options):
@@ -113,13 +116,10 @@ def _olmo_hybrid():
 
 def _bailing_hybrid():
     return "BailingHybridForCausalLM", dict(
-        intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4,
-        num_key_value_heads=4, kv_lora_rank=16, qk_rope_head_dim=8, v_head_dim=16,
-        qk_nope_head_dim=8, num_expert_group=1, topk_group=1, num_experts_per_token=2,
-        num_experts=4, head_dim=16, layer_group_size=2, pad_token_id=0,
-        layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "sparse"],
-        linear_head_dim=16, linear_num_heads=4, num_nextn_predict_layers=0,
-        expert_swiglu_limit_list=[0, 0], share_expert_swiglu_limit_list=[0, 0])
+        MLA_HYBRID, num_expert_group=1, topk_group=1, num_experts_per_token=2, num_experts=4,
+        head_dim=16, layer_group_size=2, mlp_layer_types=["dense", "sparse"],
+        num_nextn_predict_layers=0, expert_swiglu_limit_list=[0, 0],
+        share_expert_swiglu_limit_list=[0, 0])
 
 
 FAMILIES = {
