@@ -10,7 +10,6 @@ group size under an attribute the reader does not know, so that only the check c
 from __future__ import annotations
 
 import time
-import warnings
 
 import pytest
 import torch
@@ -213,8 +212,7 @@ def test_one_probe_per_configuration_on_a_48_layer_model():
     report = gn_transformers.patch(model)
     seconds = time.perf_counter() - start
     assert len(report.replaced) == 36 and report.probes == 1
-    warnings.warn(f"patch of a 48-layer Qwen3-Next: 36 modules, 1 probe, {seconds:.3f} s",
-                  UserWarning)
+    assert seconds < 5, seconds  # about 20 ms on a shared 2-core CPU
 
 
 def test_tiny_mamba2_logits_match_after_patch():
