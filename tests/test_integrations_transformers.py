@@ -1,24 +1,20 @@
-"""transformers integration: convert.from_module, TransformersRMSNormGated, patch / unpatch.
+"""transformers integration, module by module: describe, from_module, TransformersRMSNormGated.
 
 Every source class that the installed transformers defines is tested against the real class;
-the ones it does not define (NemotronHRMSNormGated, flash-linear-attention's norms) against
-stand-ins written here with the upstream name, package and attribute layout. Whole tiny models
-(hidden 64, 2 layers, vocab 128, random init from a config: no download) of every supported
-family run forward, backward and greedy generation with and without the patch.
+the ones it does not define (flash-linear-attention's norms; NemotronHRMSNormGated before
+transformers 5.23) against stand-ins written here with the upstream name, package and attribute
+layout. Whole tiny models are in test_integrations_models, the conversion check in
+test_integrations_checks, the interpreted kernels in test_integrations_interpreted.
 
 Bit-exact checks run on the CPU reference path (rms_norm_gated's eager composite, what CPU users
-get), forced by the reference_path fixture even when the suite sets TRITON_INTERPRET=1. The Triton
-kernels are checked with tolerances: in a subprocess with TRITON_INTERPRET=1 against each source
-module, and in process on whole patched models when the suite runs with the interpreter.
+get), forced by the reference_path fixture even when the suite sets TRITON_INTERPRET=1.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import importlib
 import inspect
-import warnings
 from typing import Callable
 
 import pytest
@@ -31,7 +27,6 @@ from gatednorm import RMSNormGated, functional, ops  # noqa: E402
 from gatednorm.kernels import launch  # noqa: E402
 from gatednorm import integrations  # noqa: E402
 from gatednorm.integrations import convert  # noqa: E402
-from gatednorm.integrations import transformers as gn_transformers  # noqa: E402
 from gatednorm.integrations.transformers import TransformersRMSNormGated  # noqa: E402
 
 
