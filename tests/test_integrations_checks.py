@@ -197,6 +197,15 @@ def test_check_on_the_interpreted_kernels():
     _convert_each_dtype()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_check_on_cuda():
+    # The GPU kernels: good conversions pass in every dtype, the misread class still fails.
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        TransformersRMSNormGated.from_module(_grouped_zamba2().to("cuda", dtype))
+        with pytest.raises(integrations.ConversionCheckError, match="differs by"):
+            gn_transformers.patch(Holder(MambaRMSNormGated().to("cuda", dtype)))
+
+
 def test_one_probe_per_configuration_on_a_48_layer_model():
     # Qwen3-Next's real layout: 48 layers, three linear-attention layers in four, each with a
     # gated norm of the same configuration (tiny widths here: the count is what matters).

@@ -342,7 +342,7 @@ class MegatronFusedFormula(torch.autograd.Function):
 FORMULA_UNITS = {torch.float64: 2 ** 20, torch.float32: 64, torch.bfloat16: 4, torch.float16: 4}
 
 
-@pytest.mark.parametrize("path", ["reference", "interpreter"])
+@pytest.mark.parametrize("path", ["reference", "interpreter", "cuda"])
 @pytest.mark.parametrize("gate_activation", ["silu", "sigmoid"])
 @pytest.mark.parametrize("zero_centered", [False, True], ids=["gamma", "zero-centered"])
 @pytest.mark.parametrize("dtype", [torch.float64, *DTYPES.values()],
@@ -351,14 +351,16 @@ def test_follows_megatron_fused_gated_norm(dtype, zero_centered, gate_activation
                                            monkeypatch):
     # Megatron's argument order and meaning (x, gate, weight, eps, zero_centered,
     # gate_activation), on GDN's [B, S, H, D] layout with the gate a strided projection slice.
-    if path == "interpreter":
-        if not ops.INTERPRET or dtype == torch.float64:
-            pytest.skip("the interpreter runs the kernels for 16/32-bit inputs under "
-                        "TRITON_INTERPRET=1 (fp64 always takes the reference)")
-    else:
+    if path == "interpreter" and (not ops.INTERPRET or dtype == torch.float64):
+        pytest.skip("the interpreter runs the kernels for 16/32-bit inputs under "
+                    "TRITON_INTERPRET=1 (fp64 always takes the reference)")
+    if path == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    if path == "reference":
         use_reference_path(monkeypatch)
     h, d, eps = 3, 24, 1e-5  # D = 24: Megatron's own kernel would refuse it (not a power of 2)
-    x, qkvzba, weight, dy = _gdn_inputs(dtype, h=h, d=d, zero_centered_gamma=zero_centered)
+    inputs = _gdn_inputs(dtype, h=h, d=d, zero_centered_gamma=zero_centered)
+    x, qkvzba, weight, dy = (t.to("cuda" if path == "cuda" else "cpu") for t in inputs)
     args = (eps, zero_centered, gate_activation)
     ours = _fwd_bwd(lambda x, g, w: gdn_gated_norm(x, g, w, *args), x, qkvzba, weight, dy, h, d)
     formula = _fwd_bwd(lambda x, g, w: MegatronFusedFormula.apply(x, g, w, *args),
