@@ -75,8 +75,8 @@ def main() -> None:
     model = Qwen3NextForCausalLM(tiny_config()).to(args.device, dtype)
     # Patch a copy, so that both runs start from the same weights.
     patched = copy.deepcopy(model)
-    replaced = gn_transformers.patch(patched)
-    print(f"device {args.device}, {dtype_name}; gatednorm replaced: {', '.join(replaced)}")
+    report = gn_transformers.patch(patched)  # checked against the original on a probe
+    print(f"device {args.device}, {dtype_name}; gatednorm replaced: {', '.join(report.replaced)}")
 
     data = batches(args.steps, args.batch, args.seq_len, args.device)
     reference = train(model, data, args.lr)

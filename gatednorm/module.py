@@ -36,15 +36,6 @@ class RMSNormGated(nn.Module):
         self.weight = nn.Parameter(torch.empty(hidden_size, device=device, dtype=dtype))
         self.reset_parameters()
 
-    @classmethod
-    def from_module(cls, module: nn.Module) -> "RMSNormGated":
-        """An equivalent RMSNormGated (same weight, eps, activation, groups, norm order, and
-        the rounding that reproduces the source's eager numerics) built from a transformers or
-        flash-linear-attention gated-norm module; see gatednorm.integrations.convert."""
-        from gatednorm.integrations.convert import from_module
-
-        return from_module(module)
-
     def reset_parameters(self) -> None:
         with torch.no_grad():
             if self.zero_centered_gamma:

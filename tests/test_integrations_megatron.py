@@ -18,14 +18,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import run_interpreted
-from gatednorm import ops
+from gatednorm import functional, ops
+from gatednorm.kernels import launch
 from gatednorm.integrations.megatron import MegatronGatedRMSNorm, gdn_gated_norm
+
+
+def use_reference_path(monkeypatch):
+    """CPU tensors run the eager reference composite, also when the suite set TRITON_INTERPRET."""
+    monkeypatch.setattr(ops, "INTERPRET", False)
+    # Calls already checked or launched under the interpreter would keep running the kernels.
+    monkeypatch.setattr(functional, "_CHECKED", {})
+    monkeypatch.setattr(launch, "_PLANS", {})
 
 
 @pytest.fixture
 def reference_path(monkeypatch):
-    """CPU tensors run the eager reference composite, also when the suite set TRITON_INTERPRET."""
-    monkeypatch.setattr(ops, "INTERPRET", False)
+    use_reference_path(monkeypatch)
 
 
 bit_exact = pytest.mark.usefixtures("reference_path")
@@ -101,7 +109,7 @@ def test_gdn_gated_norm_matches_unfused(dtype, weight_dtype, zero_centered_gamma
     act_fn = F.silu if activation == "silu" else torch.sigmoid
     contiguous = gate_layout == "contiguous"
     fused = _fwd_bwd(lambda x, g, w: gdn_gated_norm(x, g, w, eps, zero_centered_gamma,
-                                                    activation=activation),
+                                                    gate_activation=activation),
                      x, qkvzba, weight, dy, h, d, contiguous)
     unfused = _fwd_bwd(lambda x, g, w: megatron_unfused(x, g, w, eps, zero_centered_gamma, act_fn),
                        x, qkvzba, weight, dy, h, d, contiguous)
@@ -279,3 +287,86 @@ INTERPRETED_CHECK = textwrap.dedent("""
 
 def test_kernels_match_unfused_interpreted():
     assert "interpreted kernels match" in run_interpreted(INTERPRETED_CHECK)
+
+
+# --- Megatron-Core's fused GDN output norm, written as its formula ------------------------------
+
+def up(t):
+    """fp32 working precision, or fp64 for fp64 inputs."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
+class MegatronFusedFormula(torch.autograd.Function):
+    """The formula of megatron/core/fusions/fused_gated_norm.py (gdn_gated_output_norm_fusion),
+    in eager PyTorch: forward ``R(R(x * rstd * gamma) * act(g))``; backward with the gradient
+    entering the norm rounded to x's dtype, ``dgate = dy * norm * act'(g)`` in fp32, and dgamma
+    summed in fp32. R rounds to x's dtype; float64 inputs stay float64 (the exact formula)."""
+
+    @staticmethod
+    def forward(ctx, x, gate, weight, eps, zero_centered, gate_activation):
+        xf, g = up(x), up(gate)
+        gamma = up(weight) + 1 if zero_centered else up(weight)
+        rstd = torch.rsqrt((xf * xf).sum(-1, keepdim=True) / x.shape[-1] + eps)
+        norm = up((xf * rstd * gamma).to(x.dtype))
+        act = torch.sigmoid(g) if gate_activation == "sigmoid" else g * torch.sigmoid(g)
+        ctx.save_for_backward(x, gate, weight, rstd)
+        ctx.options = zero_centered, gate_activation
+        return (norm * act).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, gate, weight, rstd = ctx.saved_tensors
+        zero_centered, gate_activation = ctx.options
+        xf, g, grad = up(x), up(gate), up(dy)
+        gamma = up(weight) + 1 if zero_centered else up(weight)
+        xn = xf * rstd
+        norm = up((xn * gamma).to(x.dtype))
+        sig = torch.sigmoid(g)
+        if gate_activation == "sigmoid":
+            grad_norm = up((grad * sig).to(x.dtype))
+            grad_gate = (grad * norm) * (sig * (1 - sig))
+        else:
+            grad_norm = up((grad * (g * sig)).to(x.dtype))
+            grad_gate = (grad * norm) * (sig * (1 + g * (1 - sig)))
+        weighted = grad_norm * gamma
+        dot = (weighted * xn).sum(-1, keepdim=True) / x.shape[-1]
+        dx = (weighted - xn * dot) * rstd
+        dweight = (grad_norm * xn).reshape(-1, x.shape[-1]).sum(0)
+        return (dx.to(x.dtype), grad_gate.to(gate.dtype), dweight.to(weight.dtype), None, None,
+                None)
+
+
+# Allowed difference, in units of each result's dtype at the top of its range: the two sides
+# differ in the association of fp32 products and sums; a 16-bit result may flip one rounding
+# (two under the interpreter's truncating bf16 conversion) and dweight sums over rows in fp32.
+FORMULA_UNITS = {torch.float64: 2 ** 20, torch.float32: 64, torch.bfloat16: 4, torch.float16: 4}
+
+
+@pytest.mark.parametrize("path", ["reference", "interpreter", "cuda"])
+@pytest.mark.parametrize("gate_activation", ["silu", "sigmoid"])
+@pytest.mark.parametrize("zero_centered", [False, True], ids=["gamma", "zero-centered"])
+@pytest.mark.parametrize("dtype", [torch.float64, *DTYPES.values()],
+                         ids=["fp64", *DTYPES])
+def test_follows_megatron_fused_gated_norm(dtype, zero_centered, gate_activation, path,
+                                           monkeypatch):
+    # Megatron's argument order and meaning (x, gate, weight, eps, zero_centered,
+    # gate_activation), on GDN's [B, S, H, D] layout with the gate a strided projection slice.
+    if path == "interpreter" and (not ops.INTERPRET or dtype == torch.float64):
+        pytest.skip("the interpreter runs the kernels for 16/32-bit inputs under "
+                    "TRITON_INTERPRET=1 (fp64 always takes the reference)")
+    if path == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    if path == "reference":
+        use_reference_path(monkeypatch)
+    h, d, eps = 3, 24, 1e-5  # D = 24: Megatron's own kernel would refuse it (not a power of 2)
+    inputs = _gdn_inputs(dtype, h=h, d=d, zero_centered_gamma=zero_centered)
+    x, qkvzba, weight, dy = (t.to("cuda" if path == "cuda" else "cpu") for t in inputs)
+    args = (eps, zero_centered, gate_activation)
+    ours = _fwd_bwd(lambda x, g, w: gdn_gated_norm(x, g, w, *args), x, qkvzba, weight, dy, h, d)
+    formula = _fwd_bwd(lambda x, g, w: MegatronFusedFormula.apply(x, g, w, *args),
+                       x, qkvzba, weight, dy, h, d)
+    for what, a, e in zip(("y", "dx", "dgate", "dweight"), ours, formula):
+        assert a.dtype == e.dtype and a.shape == e.shape, what
+        error = (a.double() - e.double()).abs().max().item()
+        bound = FORMULA_UNITS[e.dtype] * torch.finfo(e.dtype).eps * e.double().abs().max().item()
+        assert error <= bound, (what, error, bound)

@@ -29,12 +29,15 @@ __all__ = ["MegatronGatedRMSNorm", "gdn_gated_norm"]
 
 
 def gdn_gated_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5,
-                   zero_centered_gamma: bool = False, *, activation: str = "silu") -> torch.Tensor:
+                   zero_centered: bool = False, gate_activation: str = "silu") -> torch.Tensor:
     """Megatron GDN's ``act(gate) * out_norm(x)``, fused, with TransformerEngine's rounding.
 
-    ``y = R(R(x / sqrt(mean(x^2) + eps) * gamma) * act(gate))`` over the last dim, with
-    ``gamma = 1 + weight`` when ``zero_centered_gamma`` (Megatron's
-    ``layernorm_zero_centered_gamma``), else ``weight``; fp32 math, R = round to x's dtype.
+    Same arguments, in the same order and meaning, as Megatron-Core's own fused output norm
+    (``megatron.core.fusions.fused_gated_norm.fused_gated_norm``, enabled by
+    ``gdn_gated_output_norm_fusion``), and the same rounding: ``y = R(R(x / sqrt(mean(x^2) +
+    eps) * gamma) * act(gate))`` over the last dim, with ``gamma = 1 + weight`` when
+    ``zero_centered``, else ``weight``; fp32 math, R = round to x's dtype. In the backward the
+    gradient entering the norm, ``dy * act(gate)``, is rounded to x's dtype as well.
 
     Args:
         x: [B, S, H, D] (or any [..., D]), bfloat16, float16 or float32; any leading strides.
@@ -42,16 +45,16 @@ def gdn_gated_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
             (such as ``qkvzba[..., z_slice].view(B, S, H, D)``) is read in place.
         weight: [D], in x's dtype or float32 (Megatron's ``params_dtype``).
         eps: Megatron's ``config.layernorm_epsilon``.
-        zero_centered_gamma: Megatron's ``config.layernorm_zero_centered_gamma``.
-        activation: ``"silu"`` (GDN's ``activation_func``) or ``"sigmoid"``.
+        zero_centered: Megatron's ``config.layernorm_zero_centered_gamma``.
+        gate_activation: ``"silu"`` (GDN) or ``"sigmoid"`` (KDA).
 
     Returns:
         y with x's shape and dtype. Backward follows the unfused graph (``"te"`` in
         :mod:`gatednorm.reference`): dx in x's dtype, dgate in the gate's dtype, dweight in the
         weight's dtype, accumulated in fp32 in a fixed order (deterministic).
     """
-    return rms_norm_gated(x, gate, weight, eps=eps, zero_centered_gamma=zero_centered_gamma,
-                          activation=activation, norm_before_gate=True, rounding="te")
+    return rms_norm_gated(x, gate, weight, eps=eps, zero_centered_gamma=zero_centered,
+                          activation=gate_activation, norm_before_gate=True, rounding="te")
 
 
 def _activation_name(activation_func) -> str:
