@@ -15,7 +15,7 @@ second sums them in a fixed order and writes dx and dgate.
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
 from gatednorm.kernels.pointwise import (
     activation_and_slope,
@@ -62,7 +62,7 @@ def backward_tile_kernel(
     NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
     GATE_ROWS_AS_X: tl.constexpr, DY_ROWS_AS_X: tl.constexpr, DX_ROWS_AS_X: tl.constexpr,
     DGATE_ROWS_AS_X: tl.constexpr, SPLIT_PASS: tl.constexpr, DOT_BLOCKS: tl.constexpr,
-    LAUNCH_DEPENDENTS: tl.constexpr, WAIT_FOR_PRIOR_GRID: tl.constexpr,
+    WAIT_FOR_PRIOR_GRID: tl.constexpr,
 ):
     """[BLOCK_ROWS, BLOCK_N] tiles of one column block, looping over the chunk's rows.
 
@@ -83,11 +83,8 @@ def backward_tile_kernel(
     A tensor whose row strides equal x's (*_ROWS_AS_X, set by the launcher) is addressed
     with x's row offsets.
 
-    LAUNCH_DEPENDENTS / WAIT_FOR_PRIOR_GRID (programmatic dependent launch, sm_90+): let the
-    next launch in the stream start its programs while this one runs / wait for the previous
+    WAIT_FOR_PRIOR_GRID (programmatic dependent launch, sm_90+): wait for the previous
     launch's writes before reading anything."""
-    if LAUNCH_DEPENDENTS:
-        gdc_launch_dependents()
     if WAIT_FOR_PRIOR_GRID:
         gdc_wait()
     pid = tl.program_id(0)
@@ -264,16 +261,14 @@ def backward_tile_kernel(
 @triton.jit(do_not_specialize=["num_chunks"])
 def dweight_reduce_kernel(PARTIAL, OUT, num_chunks, weight_size,
                           BLOCK_CHUNKS: tl.constexpr, BLOCK_COLS: tl.constexpr,
-                          LAUNCH_DEPENDENTS: tl.constexpr, WAIT_FOR_PRIOR_GRID: tl.constexpr):
+                          WAIT_FOR_PRIOR_GRID: tl.constexpr):
     """One level of a fixed reduction tree over the chunk partials.
 
     Program (c, k) writes OUT[k, c*BLOCK_COLS : +BLOCK_COLS] = sum of PARTIAL rows
     [k*BLOCK_CHUNKS, +BLOCK_CHUNKS). The launcher runs two levels, so the order of the
-    additions depends only on the number of chunks. LAUNCH_DEPENDENTS / WAIT_FOR_PRIOR_GRID
-    as in backward_tile_kernel: the partials are read only after the wait.
+    additions depends only on the number of chunks. WAIT_FOR_PRIOR_GRID as in
+    backward_tile_kernel: the partials are read only after the wait.
     """
-    if LAUNCH_DEPENDENTS:
-        gdc_launch_dependents()
     cols = tl.program_id(0) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
     chunk_idx = tl.program_id(1) * BLOCK_CHUNKS + tl.arange(0, BLOCK_CHUNKS)
     mask = (chunk_idx < num_chunks)[:, None] & (cols < weight_size)[None, :]
