@@ -308,9 +308,13 @@ def _backward_plan(x, gate, weight, dy, dx, dgate, *, zero_centered_gamma, activ
 def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
              weight: torch.Tensor | None, rstd: torch.Tensor, *, zero_centered_gamma: bool,
              activation: str, norm_before_gate: bool, group_size: int, rounding: str,
-             traceable: bool):
+             traceable: bool, eps: float | None = None):
     """Returns (dx, dgate, dweight): dx like x, dgate like gate, dweight like weight (or an
-    empty tensor without a weight). dweight sums fp32 partials in a fixed order."""
+    empty tensor without a weight). dweight sums fp32 partials in a fixed order.
+
+    ``eps``: the forward's. Groups of one element need it for an accurate dx and dgate (their
+    1 - h_hat^2 is eps * rstd^2, which fp32 cannot form by subtraction); without it they
+    keep the subtraction (relative error up to ~1e-2 where eps << h^2)."""
     d = x.shape[-1]
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     dgate = torch.empty_like(gate, memory_format=torch.contiguous_format)
@@ -350,15 +354,15 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
                 if plan.row_dots_meta is not None else rstd)
     tensors = (x, gate, x if weight is None else weight, dy, rstd, dx, dgate, scratch,
                row_dots)
+    scalars = (*plan.layout_args, -1.0 if eps is None else float(eps))
     if traceable:
         if plan.row_dots_meta is not None:
-            wrap_triton(plan.kernel)[plan.grid](*tensors, *plan.layout_args,
-                                                **plan.row_dots_meta)
-        wrap_triton(plan.kernel)[plan.grid](*tensors, *plan.layout_args, **plan.meta)
+            wrap_triton(plan.kernel)[plan.grid](*tensors, *scalars, **plan.row_dots_meta)
+        wrap_triton(plan.kernel)[plan.grid](*tensors, *scalars, **plan.meta)
     else:
         if plan.row_dots_launch is not None:
-            plan.row_dots_launch(plan.grid, tensors, plan.layout_args)
-        plan.cached_launch(plan.grid, tensors, plan.layout_args)
+            plan.row_dots_launch(plan.grid, tensors, scalars)
+        plan.cached_launch(plan.grid, tensors, scalars)
     if weight is not None:
         _reduce_partials(scratch, dweight, num_chunks, blocks, d, plan.reduce_launches)
     return dx, dgate, dweight
