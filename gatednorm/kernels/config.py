@@ -188,12 +188,17 @@ def head_and_tail(group_size: int) -> tuple[int, int] | None:
     return head, triton.next_power_of_2(group_size - head)
 
 
+def whole_widths(pass_: str) -> list[int]:
+    """The widths of ``pass_``'s WHOLE entries, narrowest first."""
+    return sorted(w for (p, w, kind) in TABLE if p == pass_ and kind == WHOLE)
+
+
 def table_entry(pass_: str, group_size: int) -> tuple[TileEntry, int]:
     """(entry, block_n) of ``group_size`` in ``pass_``: the entry of its padded width and kind;
     below the narrowest WHOLE width, that entry (its rows scaled by how many times narrower
     the tile is, the default program count); above the widest, the LONG_ROW entry."""
     width = triton.next_power_of_2(group_size)
-    whole = sorted(w for (p, w, kind) in TABLE if p == pass_ and kind == WHOLE)
+    whole = whole_widths(pass_)
     if width > whole[-1]:
         (entry,) = (e for e in TABLE.values() if e.pass_ == pass_ and e.kind == LONG_ROW)
         return entry, entry.width

@@ -89,6 +89,13 @@ def cached(key, build):
     return value
 
 
+def cached_plans(kind: str) -> list:
+    """The cached launch plans of one pass, "fwd" or "bwd" (tests and tools inspect their
+    ``meta``, ``grid`` and ``decision``)."""
+    return [value for key, value in _PLANS.items()
+            if isinstance(key, tuple) and key and key[0] == kind]
+
+
 def clear_cache() -> None:
     """Forget every cached plan and launcher (the next calls plan and compile again)."""
     _PLANS.clear()

@@ -98,6 +98,17 @@ def backward_chunking(rows, num_groups: int, block_rows: int,
                     target_programs or config.BACKWARD_TARGET_PROGRAMS, config.MIN_ROWS_PER_CHUNK)
 
 
+def backward_target_programs(tile: LaunchConfig) -> int:
+    """About how many (chunk, group) programs the backward of ``tile`` starts."""
+    return tile.target_programs or config.BACKWARD_TARGET_PROGRAMS
+
+
+def shares_row_offsets(tile: LaunchConfig, leading_dims: int) -> bool:
+    """Whether the backward addresses tensors laid out like x with x's row offsets."""
+    return (tile.shares_rows and not tile.long_row and tile.block_rows > 1
+            and leading_dims == 1)
+
+
 def plan_forward(group_size: int, rows, num_groups: int, *, x_dtype: torch.dtype,
                  gate_dtype: torch.dtype, activation: str, leading_dims: int, store_rstd: bool,
                  traceable: bool, shared_memory_bytes: int) -> ForwardPlan:
@@ -142,9 +153,8 @@ def plan_backward(group_size: int, rows, num_groups: int, *, loaded_bytes_per_el
     blocks_per_group = triton.cdiv(group_size, tile.block_n) if tile.long_row else 1
     column_blocks = num_groups * blocks_per_group
     rows_per_chunk, num_chunks = backward_chunking(rows, column_blocks, tile.block_rows,
-                                                   tile.target_programs)
-    shares_rows = (tile.shares_rows and not tile.long_row and tile.block_rows > 1
-                   and leading_dims == 1)
+                                                   backward_target_programs(tile))
+    shares_rows = shares_row_offsets(tile, leading_dims)
     return BackwardPlan(tile=tile, column_blocks=column_blocks, rows_per_chunk=rows_per_chunk,
                         num_chunks=num_chunks,
                         dot_blocks=triton.next_power_of_2(blocks_per_group),
