@@ -1,6 +1,8 @@
 """The forward's row-loop kernel (a table entry with loop_stages > 1) gives the tile kernel's
 bits: the same arithmetic per tile, only the programs walk several tiles each."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ pytestmark = pytest.mark.usefixtures("interpreter")
 
 
 def _forward(x, gate, weight, **options):
-    launch._PLANS.clear()
+    launch.clear_cache()
     return gatednorm.rms_norm_gated(x, gate, weight, **options)
 
 
@@ -84,7 +86,7 @@ def test_an_fp32_input_keeps_the_one_tile_kernel(monkeypatch, x_dtype, gate_dtyp
 @pytest.mark.parametrize("width", [8192, 16384])
 def test_wide_row_loops_start_their_own_program_count(monkeypatch, width):
     """The 8192- and 16384-wide row loops are chunked for their own program counts
-    (FORWARD_TILE_TARGET_PROGRAMS), the narrower ones for FORWARD_TARGET_PROGRAMS; the
+    (their table entries' programs), the narrower ones for FORWARD_TARGET_PROGRAMS; the
     chunking never changes the bits."""
     torch.manual_seed(0)
     x, gate = (torch.randn(8, width).to(torch.float16) for _ in range(2))
@@ -93,10 +95,13 @@ def test_wide_row_loops_start_their_own_program_count(monkeypatch, width):
     outputs = {}
     for wide_target in (2, 8):
         monkeypatch.setattr(config, "FORWARD_TARGET_PROGRAMS", 4)
-        monkeypatch.setitem(config.FORWARD_TILE_TARGET_PROGRAMS, width, wide_target)
+        for kind in (config.WHOLE, config.PARTIAL):
+            entry = config.TABLE[("forward", width, kind)]
+            monkeypatch.setitem(config.TABLE, ("forward", width, kind),
+                                dataclasses.replace(entry, programs=wide_target))
         with torch.no_grad():
             outputs[wide_target] = _forward(x, gate, None)
-        plan = next(plan for key, plan in launch._PLANS.items() if key[0] == "fwd")
+        (plan,) = launch.cached_plans("fwd")
         assert plan.kernel is forward_kernels.forward_row_loop_kernel
         grids[wide_target] = plan.grid
     assert grids == {2: (2,), 8: (8,)}
