@@ -234,3 +234,24 @@ def forward_config(group_size: int) -> LaunchConfig:
 def backward_config(group_size: int) -> LaunchConfig:
     """Backward tile for one group size."""
     return tile_config(BACKWARD, group_size)
+
+
+def chunking(rows, num_groups: int, block_rows: int, target_programs: int,
+             min_rows_per_chunk: int = 1) -> tuple:
+    """(rows_per_chunk, num_chunks): a multiple of block_rows (at least
+    ``min_rows_per_chunk``), for about ``target_programs`` (chunk, group) programs. Fixed by
+    the shape and the tile alone, never by the GPU."""
+    chunks_wanted = max(1, target_programs // num_groups)
+    # sym_max keeps a symbolic row count symbolic under torch.compile (max() would guard).
+    rows_per_chunk = torch.sym_max(triton.cdiv(rows, chunks_wanted),
+                                   max(block_rows, min_rows_per_chunk))
+    rows_per_chunk = triton.cdiv(rows_per_chunk, block_rows) * block_rows
+    return rows_per_chunk, triton.cdiv(rows, rows_per_chunk)
+
+
+def backward_chunking(rows, num_groups: int, block_rows: int,
+                      target_programs: int | None = None) -> tuple:
+    """The backward's (rows_per_chunk, num_chunks), at least MIN_ROWS_PER_CHUNK rows a chunk
+    (``target_programs`` by default BACKWARD_TARGET_PROGRAMS)."""
+    return chunking(rows, num_groups, block_rows,
+                    target_programs or BACKWARD_TARGET_PROGRAMS, MIN_ROWS_PER_CHUNK)

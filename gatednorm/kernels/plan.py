@@ -13,7 +13,7 @@ import torch
 import triton
 
 from gatednorm.kernels import config
-from gatednorm.kernels.config import LaunchConfig
+from gatednorm.kernels.config import LaunchConfig, backward_chunking, chunking
 
 # Kernels a plan names (the launcher maps them to the jit functions).
 FORWARD_TILE, FORWARD_ROW_LOOP, FORWARD_LONG_ROW = "forward_tile", "forward_row_loop", \
@@ -75,27 +75,6 @@ def fit_shared_memory(tile: LaunchConfig, loaded_bytes_per_element: int,
             and prefetch_bytes + config.SHARED_MEMORY_RESERVE > shared_memory_bytes):
         return replace(tile, loop_stages=1)
     return tile
-
-
-def chunking(rows, num_groups: int, block_rows: int, target_programs: int,
-             min_rows_per_chunk: int = 1) -> tuple:
-    """(rows_per_chunk, num_chunks): a multiple of block_rows (at least
-    ``min_rows_per_chunk``), for about ``target_programs`` (chunk, group) programs. Fixed by
-    the shape and the tile alone, never by the GPU."""
-    chunks_wanted = max(1, target_programs // num_groups)
-    # sym_max keeps a symbolic row count symbolic under torch.compile (max() would guard).
-    rows_per_chunk = torch.sym_max(triton.cdiv(rows, chunks_wanted),
-                                   max(block_rows, min_rows_per_chunk))
-    rows_per_chunk = triton.cdiv(rows_per_chunk, block_rows) * block_rows
-    return rows_per_chunk, triton.cdiv(rows, rows_per_chunk)
-
-
-def backward_chunking(rows, num_groups: int, block_rows: int,
-                      target_programs: int | None = None) -> tuple:
-    """The backward's (rows_per_chunk, num_chunks), at least MIN_ROWS_PER_CHUNK rows a chunk
-    (``target_programs`` by default BACKWARD_TARGET_PROGRAMS)."""
-    return chunking(rows, num_groups, block_rows,
-                    target_programs or config.BACKWARD_TARGET_PROGRAMS, config.MIN_ROWS_PER_CHUNK)
 
 
 def backward_target_programs(tile: LaunchConfig) -> int:
