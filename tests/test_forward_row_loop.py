@@ -10,6 +10,7 @@ import gatednorm
 from gatednorm.kernels import config, forward as forward_kernels, launch
 
 pytestmark = pytest.mark.usefixtures("interpreter")
+TABLE = dict(config.TABLE)
 
 
 def _forward(x, gate, weight, **options):
@@ -50,9 +51,10 @@ def test_row_loop_matches_the_tile_kernel(monkeypatch, layout, d, group_size, no
 
     def with_stages(stages):
         # The table's tiles at one prefetch depth: 1 runs the one-tile kernel, 2 the row loop.
-        for name in ("FORWARD_TILES", "FORWARD_PARTIAL_TILES", "FORWARD_SPLIT_TILES"):
-            monkeypatch.setattr(config, name, {width: (rows, warps, stages) for width, (
-                rows, warps, _) in getattr(config, name).items()})
+        monkeypatch.setattr(config, "TABLE", {
+            key: dataclasses.replace(entry, stages=stages)
+            if entry.pass_ == config.FORWARD and entry.kind != config.LONG_ROW else entry
+            for key, entry in TABLE.items()})
 
     with_stages(1)
     expected = _forward(x, gate, weight, **options)
