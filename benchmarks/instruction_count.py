@@ -130,7 +130,7 @@ def main() -> None:
                  TAIL_N=args.tail_n, LOOP_STAGES=args.stages, GATE_ROWS_AS_X=gate_as_x,
                  DY_ROWS_AS_X=as_x, DX_ROWS_AS_X=as_x, DGATE_ROWS_AS_X=as_x,
                  SPLIT_PASS=args.split_pass,
-                 DOT_BLOCKS=4 if args.split_pass else 1, LAUNCH_DEPENDENTS=False,
+                 DOT_BLOCKS=4 if args.split_pass else 1,
                  WAIT_FOR_PRIOR_GRID=False), args.warps or 1)
     else:
         pointers = {name: "*bf16" for name in ("X", "GATE", "W", "Y")}

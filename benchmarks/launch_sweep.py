@@ -175,7 +175,7 @@ def _candidates(shape: Shape, tiles: dict, library_tiles: dict, long_rows: list,
 def forward_candidates(shape: Shape, stages, tile_stages=(1,)) -> list[LaunchConfig]:
     """Tile candidates at each of ``tile_stages`` (1: the one-tile kernel; more: the row-loop
     kernel, prefetching that deep); long rows at each of ``stages``."""
-    return (_candidates(shape, FORWARD_TILES, config_module.FORWARD_TILES, FORWARD_LONG_ROWS,
+    return (_candidates(shape, FORWARD_TILES, config_module.whole_widths(config_module.FORWARD), FORWARD_LONG_ROWS,
                         tile_stages, stages)
             + _split_candidates(shape, FORWARD_SPLIT_TILES, tile_stages))
 
@@ -190,7 +190,7 @@ def _split_candidates(shape: Shape, split_tiles: dict, stages) -> list[LaunchCon
 
 
 def backward_candidates(shape: Shape, stages) -> list[LaunchConfig]:
-    return (_candidates(shape, BACKWARD_TILES, config_module.BACKWARD_TILES,
+    return (_candidates(shape, BACKWARD_TILES, config_module.whole_widths(config_module.BACKWARD),
                         BACKWARD_LONG_ROWS, stages, stages)
             + _split_candidates(shape, BACKWARD_SPLIT_TILES, stages))
 
@@ -289,6 +289,7 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
 
     if "fwd" in passes:
         saved_target = config_module.FORWARD_TARGET_PROGRAMS
+        library_forward_config = config_module.forward_config
         for config in forward_candidates(shape, stages, forward_stages):
             if config.long_row:
                 kernel = forward_kernels.forward_long_row_kernel
@@ -298,7 +299,7 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                 kernel = forward_kernels.forward_tile_kernel
             for target in (forward_targets if config.loop_stages > 1 and not config.long_row
                            else [None]):
-                launch.forward_config = lambda group_size, c=config: c
+                config_module.forward_config = lambda group_size, c=config: c
                 if target is not None:
                     config_module.FORWARD_TARGET_PROGRAMS = target
                 launch._PLANS.clear()
@@ -310,11 +311,12 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                     continue
                 record("fwd", config, target, ms, kernel, 6)
             forget_compiled(kernel)
-        launch.forward_config = config_module.forward_config
+        config_module.forward_config = library_forward_config
         config_module.FORWARD_TARGET_PROGRAMS = saved_target
 
     if "bwd" in passes:
         saved_target = config_module.BACKWARD_TARGET_PROGRAMS
+        library_backward_config = config_module.backward_config
         saved_min_rows = config_module.MIN_ROWS_PER_CHUNK
         launch._PLANS.clear()
         rstds = {}
@@ -329,7 +331,7 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
         for config in backward_candidates(shape, stages):
             kernel = backward_kernels.backward_tile_kernel  # long rows: cut into its tiles
             for target, min_rows in itertools.product(targets, min_rows_per_chunk):
-                launch.backward_config = lambda group_size, c=config: c
+                config_module.backward_config = lambda group_size, c=config: c
                 config_module.BACKWARD_TARGET_PROGRAMS = target
                 config_module.MIN_ROWS_PER_CHUNK = min_rows or saved_min_rows
                 launch._PLANS.clear()
@@ -344,7 +346,7 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                 ran = replace(config, loop_stages=plan.meta["LOOP_STAGES"])
                 record("bwd", ran, target, ms, kernel, 10, min_rows)
             forget_compiled(kernel)
-        launch.backward_config = config_module.backward_config
+        config_module.backward_config = library_backward_config
         config_module.BACKWARD_TARGET_PROGRAMS = saved_target
         config_module.MIN_ROWS_PER_CHUNK = saved_min_rows
     return records

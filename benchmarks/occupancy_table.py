@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from instruction_count import compile_for_sm90, disassemble  # noqa: E402
 
-from gatednorm.kernels import backward, config  # noqa: E402
+from gatednorm.kernels import backward, config, plan  # noqa: E402
 from gatednorm.kernels.layout import VECTOR_ALIGN  # noqa: E402
 
 GROUP_SIZES = (64, 96, 128, 192, 256, 512, 640, 1024, 2048, 4096, 8192, 20000)
@@ -48,7 +48,7 @@ def programs_per_sm(registers: int, shared_bytes: int, num_warps: int) -> int:
 def launches(group_size: int, norm_before_gate: bool):
     """(pass name, constexprs, num_warps, target programs) of the backward's tile launches."""
     tile = config.backward_config(group_size)
-    share = config.shares_row_offsets(tile, 1, group_size)
+    share = plan.shares_row_offsets(tile, 1)
     # Contiguous 16-bit rows: 16-byte vectors unless the table entry caps them.
     row_align = min(VECTOR_ALIGN, tile.max_vector_elements or VECTOR_ALIGN)
     flags = dict(LEADING_DIMS=1, ROW_ALIGN=row_align, HAS_WEIGHT=True, ZERO_CENTERED=False,
@@ -56,8 +56,8 @@ def launches(group_size: int, norm_before_gate: bool):
                  WEIGHT_PRODUCT_ROUNDED=False, BLOCK_ROWS=tile.block_rows,
                  BLOCK_N=tile.block_n, TAIL_N=tile.tail_n, LOOP_STAGES=tile.loop_stages,
                  GATE_ROWS_AS_X=share, DY_ROWS_AS_X=share, DX_ROWS_AS_X=share,
-                 DGATE_ROWS_AS_X=share, LAUNCH_DEPENDENTS=False)
-    target = config.backward_target_programs(tile)
+                 DGATE_ROWS_AS_X=share)
+    target = plan.backward_target_programs(tile)
     if not tile.long_row:
         yield "tile", dict(flags, SPLIT_PASS=0, DOT_BLOCKS=1, WAIT_FOR_PRIOR_GRID=False), \
             tile.num_warps, target

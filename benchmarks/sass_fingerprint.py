@@ -43,7 +43,7 @@ def fingerprint(lines: list[str]) -> tuple[str, int]:
 
 
 # The eager launches of sm_90+ add programmatic-launch instructions; the rest compiles as before.
-NO_PDL = dict(LAUNCH_DEPENDENTS=False, WAIT_FOR_PRIOR_GRID=False)
+NO_PDL = dict(WAIT_FOR_PRIOR_GRID=False)
 
 
 def variants():

@@ -23,7 +23,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 
 from gatednorm.kernels import backward, forward  # noqa: E402
 
-NO_PDL = dict(LAUNCH_DEPENDENTS=False, WAIT_FOR_PRIOR_GRID=False)
+NO_PDL = dict(WAIT_FOR_PRIOR_GRID=False)
 KERNELS = {
     "forward_tile": (forward.forward_tile_kernel, dict(BLOCK_ROWS=16, BLOCK_N=128, TAIL_N=0,
                                                        STORE_RSTD=True)),
@@ -48,7 +48,11 @@ KERNELS = {
     # Eager launches on sm_90+: programmatic dependent launch between the backward's launches.
     "backward_tile_pdl": (backward.backward_tile_kernel, dict(
         BLOCK_ROWS=4, BLOCK_N=128, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=0, DOT_BLOCKS=1,
-        LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=False)),
+        WAIT_FOR_PRIOR_GRID=True)),
+    # A group of one element (its own 1 - h_hat^2 path).
+    "backward_tile_group_of_one": (backward.backward_tile_kernel, dict(
+        BLOCK_ROWS=512, BLOCK_N=1, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=0, DOT_BLOCKS=1,
+        **NO_PDL)),
     # A group cut into column blocks: the row dot products, then dx and dgate.
     "backward_split_row_dots": (backward.backward_tile_kernel, dict(
         BLOCK_ROWS=1, BLOCK_N=2048, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=1, DOT_BLOCKS=16,
@@ -58,11 +62,11 @@ KERNELS = {
         **NO_PDL)),
     "backward_split_input_grads_pdl": (backward.backward_tile_kernel, dict(
         BLOCK_ROWS=1, BLOCK_N=2048, TAIL_N=0, LOOP_STAGES=3, SPLIT_PASS=2, DOT_BLOCKS=16,
-        LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=True)),
+        WAIT_FOR_PRIOR_GRID=True)),
     "dweight_reduce": (backward.dweight_reduce_kernel, dict(BLOCK_CHUNKS=128, BLOCK_COLS=32,
                                                             **NO_PDL)),
     "dweight_reduce_pdl": (backward.dweight_reduce_kernel, dict(
-        BLOCK_CHUNKS=128, BLOCK_COLS=32, LAUNCH_DEPENDENTS=True, WAIT_FOR_PRIOR_GRID=True)),
+        BLOCK_CHUNKS=128, BLOCK_COLS=32, WAIT_FOR_PRIOR_GRID=True)),
 }
 POINTERS = {name: "*bf16" for name in ("X", "GATE", "W", "Y", "DY", "DX", "DGATE")}
 POINTERS.update(RSTD="*fp32", DW_PARTIAL="*fp32", ROW_DOTS="*fp32", PARTIAL="*fp32",

@@ -1,30 +1,34 @@
 """The decode tile: forwards over too few rows to fill the GPU with the table's tile take a
-one-warp tile of FEW_ROWS_TILE_ELEMENTS elements (config.few_rows_forward_config), with the
+one-warp tile of FEW_ROWS_TILE_ELEMENTS elements (plan.few_rows_forward_config), with the
 same bits."""
 
 import pytest
 import torch
 
 import gatednorm
-from gatednorm.kernels import config, launch
+from gatednorm.kernels import config, launch, plan as planner
 from gatednorm.kernels.config import LaunchConfig
 
 pytestmark = pytest.mark.usefixtures("decode_tile")
 
 
+def _decode(block_rows: int, block_n: int) -> LaunchConfig:
+    return LaunchConfig(block_rows=block_rows, block_n=block_n, num_warps=1, long_row=False)
+
+
 @pytest.mark.parametrize("group_size, rows, num_groups, expected", [
     # 32 rows of 128 (one decode token x 32 heads): 2 table tiles -> 16 two-row programs.
-    (128, 32, 1, LaunchConfig(2, 128, 1, False, 1)),
+    (128, 32, 1, _decode(2, 128)),
     # 2048 rows: 128 table programs, under one per SM.
-    (128, 2048, 1, LaunchConfig(2, 128, 1, False, 1)),
+    (128, 2048, 1, _decode(2, 128)),
     # Narrow and partial groups: the same element count per program.
-    (64, 10, 1, LaunchConfig(4, 64, 1, False, 1)),
-    (112, 7, 1, LaunchConfig(2, 128, 1, False, 1)),
-    (3, 1, 1, LaunchConfig(64, 4, 1, False, 1)),
+    (64, 10, 1, _decode(4, 64)),
+    (112, 7, 1, _decode(2, 128)),
+    (3, 1, 1, _decode(64, 4)),
 ], ids=["d128-32rows", "d128-2048rows", "d64", "d112-partial-tile", "d3"])
 def test_few_rows_take_the_decode_tile(group_size, rows, num_groups, expected):
     table = config.forward_config(group_size)
-    assert config.few_rows_forward_config(table, rows, num_groups) == expected
+    assert planner.few_rows_forward_config(table, rows, num_groups) == expected
 
 
 @pytest.mark.parametrize("group_size, rows, num_groups", [
@@ -36,13 +40,13 @@ def test_few_rows_take_the_decode_tile(group_size, rows, num_groups, expected):
 ], ids=["d128-2112rows", "d512-4groups", "d256", "d8192-8groups", "long-row"])
 def test_enough_programs_or_wider_tiles_keep_the_table(group_size, rows, num_groups):
     table = config.forward_config(group_size)
-    assert config.few_rows_forward_config(table, rows, num_groups) == table
+    assert planner.few_rows_forward_config(table, rows, num_groups) == table
 
 
 def test_zero_turns_the_decode_tile_off(monkeypatch):
     monkeypatch.setattr(config, "FORWARD_FEW_PROGRAMS", 0)
     table = config.forward_config(128)
-    assert config.few_rows_forward_config(table, 1, 1) == table
+    assert planner.few_rows_forward_config(table, 1, 1) == table
 
 
 @pytest.mark.usefixtures("interpreter")
@@ -58,14 +62,14 @@ def test_decode_tile_gives_the_table_tiles_bits(monkeypatch, shape, group_size, 
     weight = (1 + 0.2 * torch.randn(shape[-1])).to(dtype)
     with torch.no_grad():
         decode = gatednorm.rms_norm_gated(x, gate, weight, group_size=group_size, **options)
-    (plan,) = [p for key, p in launch._PLANS.items() if key[0] == "fwd"]
+    (plan,) = launch.cached_plans("fwd")
     assert (plan.meta["BLOCK_ROWS"] * plan.meta["BLOCK_N"], plan.meta["num_warps"]) == (
         config.FEW_ROWS_TILE_ELEMENTS, 1)
 
     monkeypatch.setattr(config, "FORWARD_FEW_PROGRAMS", 0)
-    launch._PLANS.clear()
+    launch.clear_cache()
     with torch.no_grad():
         table = gatednorm.rms_norm_gated(x, gate, weight, group_size=group_size, **options)
-    (plan,) = [p for key, p in launch._PLANS.items() if key[0] == "fwd"]
+    (plan,) = launch.cached_plans("fwd")
     assert plan.meta["num_warps"] > 1
     assert torch.equal(decode, table)

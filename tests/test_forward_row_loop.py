@@ -1,6 +1,8 @@
 """The forward's row-loop kernel (a table entry with loop_stages > 1) gives the tile kernel's
 bits: the same arithmetic per tile, only the programs walk several tiles each."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -8,10 +10,11 @@ import gatednorm
 from gatednorm.kernels import config, forward as forward_kernels, launch
 
 pytestmark = pytest.mark.usefixtures("interpreter")
+TABLE = dict(config.TABLE)
 
 
 def _forward(x, gate, weight, **options):
-    launch._PLANS.clear()
+    launch.clear_cache()
     return gatednorm.rms_norm_gated(x, gate, weight, **options)
 
 
@@ -48,9 +51,10 @@ def test_row_loop_matches_the_tile_kernel(monkeypatch, layout, d, group_size, no
 
     def with_stages(stages):
         # The table's tiles at one prefetch depth: 1 runs the one-tile kernel, 2 the row loop.
-        for name in ("FORWARD_TILES", "FORWARD_PARTIAL_TILES", "FORWARD_SPLIT_TILES"):
-            monkeypatch.setattr(config, name, {width: (rows, warps, stages) for width, (
-                rows, warps, _) in getattr(config, name).items()})
+        monkeypatch.setattr(config, "TABLE", {
+            key: dataclasses.replace(entry, stages=stages)
+            if entry.pass_ == config.FORWARD and entry.kind != config.LONG_ROW else entry
+            for key, entry in TABLE.items()})
 
     with_stages(1)
     expected = _forward(x, gate, weight, **options)
@@ -84,7 +88,7 @@ def test_an_fp32_input_keeps_the_one_tile_kernel(monkeypatch, x_dtype, gate_dtyp
 @pytest.mark.parametrize("width", [8192, 16384])
 def test_wide_row_loops_start_their_own_program_count(monkeypatch, width):
     """The 8192- and 16384-wide row loops are chunked for their own program counts
-    (FORWARD_TILE_TARGET_PROGRAMS), the narrower ones for FORWARD_TARGET_PROGRAMS; the
+    (their table entries' programs), the narrower ones for FORWARD_TARGET_PROGRAMS; the
     chunking never changes the bits."""
     torch.manual_seed(0)
     x, gate = (torch.randn(8, width).to(torch.float16) for _ in range(2))
@@ -93,10 +97,13 @@ def test_wide_row_loops_start_their_own_program_count(monkeypatch, width):
     outputs = {}
     for wide_target in (2, 8):
         monkeypatch.setattr(config, "FORWARD_TARGET_PROGRAMS", 4)
-        monkeypatch.setitem(config.FORWARD_TILE_TARGET_PROGRAMS, width, wide_target)
+        for kind in (config.WHOLE, config.PARTIAL):
+            entry = config.TABLE[("forward", width, kind)]
+            monkeypatch.setitem(config.TABLE, ("forward", width, kind),
+                                dataclasses.replace(entry, programs=wide_target))
         with torch.no_grad():
             outputs[wide_target] = _forward(x, gate, None)
-        plan = next(plan for key, plan in launch._PLANS.items() if key[0] == "fwd")
+        (plan,) = launch.cached_plans("fwd")
         assert plan.kernel is forward_kernels.forward_row_loop_kernel
         grids[wide_target] = plan.grid
     assert grids == {2: (2,), 8: (8,)}

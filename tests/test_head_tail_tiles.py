@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import gatednorm
-from gatednorm.kernels import config, forward as forward_kernels, launch
+from gatednorm.kernels import config, forward as forward_kernels, launch, plan as planner
+from gatednorm.kernels.describe import describe
 from gatednorm.kernels.backward import backward_tile_kernel
 from gatednorm.kernels.config import LaunchConfig
 
@@ -41,33 +42,40 @@ def test_head_and_tail_widths(group_size, expected):
 
 
 def test_split_entries_replace_the_padded_partial_tile(monkeypatch):
-    monkeypatch.setattr(config, "FORWARD_SPLIT_TILES", {1024: (2, 2, 3)})
-    monkeypatch.setattr(config, "FORWARD_PARTIAL_TILES", {1024: (4, 4, 3)})
-    monkeypatch.setattr(config, "FORWARD_PARTIAL_TILE_TARGET_PROGRAMS", {1024: 999})
-    assert config.forward_config(640) == LaunchConfig(2, 512, 2, False, 3, 999, tail_n=128)
+    monkeypatch.setitem(config.TABLE, ("forward", 1024, config.HEAD_TAIL),
+                        config.TileEntry("forward", 1024, config.HEAD_TAIL, rows=2, warps=2,
+                                         stages=3, programs=999))
+    monkeypatch.setitem(config.TABLE, ("forward", 1024, config.PARTIAL),
+                        config.TileEntry("forward", 1024, config.PARTIAL, rows=4, warps=4,
+                                         stages=3, programs=998))
+    assert config.forward_config(640) == LaunchConfig(
+        block_rows=2, block_n=512, num_warps=2, long_row=False, loop_stages=3,
+        target_programs=999, tail_n=128)
     # A group whose rest needs a 512 tail keeps the padded partial tile...
-    assert config.forward_config(900) == LaunchConfig(4, 1024, 4, False, 3, 999)
-    # ...and so does a width without a split entry, and a whole tile.
-    assert config.forward_config(96).tail_n == 0
+    assert config.forward_config(900) == LaunchConfig(
+        block_rows=4, block_n=1024, num_warps=4, long_row=False, loop_stages=3,
+        target_programs=998)
+    # ...and so does a whole tile.
     assert config.forward_config(1024).tail_n == 0
 
 
 def test_backward_split_entries_carry_their_program_count_and_vector_width(monkeypatch):
     # The shipped entries: D = 192 as 128 + 64, four rows, one warp, its own count; Mamba2's
     # 640 as 512 + 128, one row, one warp, its own count, 8-byte vectors of 16-bit data.
-    assert config.backward_config(192) == LaunchConfig(4, 128, 1, False, 3, 2112, tail_n=64)
-    assert config.backward_config(640) == LaunchConfig(1, 512, 1, False, 3, 1056, tail_n=128,
-                                                       max_vector_elements=4)
-    # Widths without a backward entry keep the padded tile and the partial count.
-    assert config.backward_config(96).tail_n == 0
-    partial_target = config.BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS[1024]
-    monkeypatch.setattr(config, "BACKWARD_SPLIT_TILES", {1024: (2, 2, 3)})
-    assert config.backward_config(640) == LaunchConfig(2, 512, 2, False, 3, partial_target,
-                                                       tail_n=128)
-    # A vector width without a count of its own: None keeps the partial count.
-    monkeypatch.setattr(config, "BACKWARD_SPLIT_TILES", {1024: (2, 2, 3, None, 2)})
-    assert config.backward_config(640) == LaunchConfig(2, 512, 2, False, 3, partial_target,
-                                                       tail_n=128, max_vector_elements=2)
+    assert config.backward_config(192) == LaunchConfig(
+        block_rows=4, block_n=128, num_warps=1, long_row=False, loop_stages=3,
+        target_programs=2112, tail_n=64)
+    assert config.backward_config(640) == LaunchConfig(
+        block_rows=1, block_n=512, num_warps=1, long_row=False, loop_stages=3,
+        target_programs=1056, tail_n=128, max_vector_elements=4)
+    # Widths without a backward head + tail entry keep the padded partial tile.
+    assert config.backward_config(96) == LaunchConfig(
+        block_rows=4, block_n=128, num_warps=1, long_row=False, loop_stages=3,
+        target_programs=1584)
+    monkeypatch.delitem(config.TABLE, ("backward", 1024, config.HEAD_TAIL))
+    assert config.backward_config(640) == LaunchConfig(
+        block_rows=1, block_n=1024, num_warps=2, long_row=False, loop_stages=3,
+        target_programs=792)
 
 
 def _launched(monkeypatch, flag: str) -> list:
@@ -95,7 +103,7 @@ def test_launches_take_the_narrower_of_layout_and_table_vector_width(
     """Mamba2's groups of 640: the shipped backward entry loads 8-byte vectors
     (max_vector_elements 4), the forward as wide as the rows allow; x and gate are read in
     place from buffers ``row_width`` wide."""
-    launch._PLANS.clear()
+    launch.clear_cache()
     launched = _launched(monkeypatch, "ROW_ALIGN")
     x, gate, weight, dy = make_inputs((37, 1280), torch.bfloat16)
     wide_x, wide_gate = (torch.zeros(37, row_width, dtype=torch.bfloat16) for _ in range(2))
@@ -108,12 +116,13 @@ def test_launches_take_the_narrower_of_layout_and_table_vector_width(
 
 
 def test_fit_shared_memory_counts_the_tail(monkeypatch):
-    split = LaunchConfig(2, 512, 2, False, 3, tail_n=128)
+    split = LaunchConfig(block_rows=2, block_n=512, num_warps=2, long_row=False, loop_stages=3,
+                         tail_n=128)
     # Two prefetched tiles of 2 x 640 elements at 4 bytes an element (x and gate in 16 bits):
     # 10240 bytes; the 512 head alone would be 8192.
     fits = config.SHARED_MEMORY_RESERVE + 10240
-    assert config.fit_shared_memory(split, 4, fits) == split
-    assert config.fit_shared_memory(split, 4, fits - 1).loop_stages == 1
+    assert planner.fit_shared_memory(split, 4, fits) == split
+    assert planner.fit_shared_memory(split, 4, fits - 1).loop_stages == 1
 
 
 @pytest.mark.usefixtures("decode_tile")
@@ -124,18 +133,16 @@ def test_split_groups_keep_their_table_tile_at_decode_sizes(group_size):
     decode tile must give the table tile's bits."""
     table = config.forward_config(group_size)
     assert table.tail_n
-    assert config.few_rows_forward_config(table, 1, 1) == table
+    assert planner.few_rows_forward_config(table, 1, 1) == table
 
 
 def test_split_tiles_take_no_tile_store_entry():
     """FORWARD_TILE_STORE's entries were measured on whole tiles of their width; a split
     tile's head has that width (96's head is 64) but another kernel schedule."""
-    split = config.forward_config(96)
-    assert split.block_n == 64 and split.tail_n
-    assert config.forward_tile_store(split, torch.bfloat16, "silu", 1, True, False) == (
-        False, False)
-    assert config.forward_tile_store(config.forward_config(64), torch.bfloat16, "silu", 1,
-                                      True, False) == (True, True)
+    split = describe((4096, 96))
+    assert (split.block_n, split.tail_n) == (64, 32)
+    assert "RSTD_BY_PTX" not in split.flags
+    assert "RSTD_BY_PTX" in describe((4096, 64)).flags
 
 
 # (shape, group_size, norm_before_gate): rows not a multiple of any tile height.
@@ -158,12 +165,18 @@ def _split_table(monkeypatch, stages: int, backward: bool = True) -> None:
     """Every padded width the shapes above use held as head + tail, at ``stages`` (forward
     1: the one-tile kernel, 2: the row loop; the backward's loop prefetches stages + 1 deep),
     in the backward too unless ``backward`` is False."""
-    monkeypatch.setattr(config, "FORWARD_SPLIT_TILES", {
-        128: (4, 2, stages), 256: (4, 2, stages), 1024: (2, 2, stages)})
-    monkeypatch.setattr(config, "BACKWARD_SPLIT_TILES", {
-        128: (4, 1, stages + 1), 256: (2, 2, stages + 1), 1024: (2, 2, stages + 1)}
-        if backward else {})
-    launch._PLANS.clear()
+    tiles = {("forward", 128): (4, 2, stages), ("forward", 256): (4, 2, stages),
+             ("forward", 1024): (2, 2, stages)}
+    if backward:
+        tiles.update({("backward", 128): (4, 1, stages + 1),
+                      ("backward", 256): (2, 2, stages + 1),
+                      ("backward", 1024): (2, 2, stages + 1)})
+    for key in [key for key in config.TABLE if key[2] == config.HEAD_TAIL]:
+        monkeypatch.delitem(config.TABLE, key)
+    for (pass_, width), (rows, warps, stages_) in tiles.items():
+        monkeypatch.setitem(config.TABLE, (pass_, width, config.HEAD_TAIL), config.TileEntry(
+            pass_, width, config.HEAD_TAIL, rows=rows, warps=warps, stages=stages_))
+    launch.clear_cache()
 
 
 @pytest.mark.usefixtures("interpreter")
@@ -223,9 +236,9 @@ def test_split_rstd_feeds_the_padded_backward(monkeypatch):
     forward equal those of a padded one wherever the two rstd agree (here: all, fp16)."""
     shape, options = (3, 13, 1280), dict(group_size=640, norm_before_gate=False, rounding="te")
     x, gate, weight, dy = make_inputs(shape, torch.float16)
-    monkeypatch.setattr(config, "FORWARD_SPLIT_TILES", {})
-    monkeypatch.setattr(config, "BACKWARD_SPLIT_TILES", {})
-    launch._PLANS.clear()
+    for key in [key for key in config.TABLE if key[2] == config.HEAD_TAIL]:
+        monkeypatch.delitem(config.TABLE, key)
+    launch.clear_cache()
     padded = fused(x, gate, weight, dy, **options)
     _split_table(monkeypatch, 2, backward=False)
     split = fused(x, gate, weight, dy, **options)
@@ -240,7 +253,7 @@ def test_shipped_capped_vector_backward_is_as_accurate_as_the_composite(options,
                                                                         dtype):
     """The shipped table on Mamba2's groups of 640 (a backward of 8-byte vectors: row offsets
     stepped in units of 4 elements) against fp64 and the composite."""
-    launch._PLANS.clear()
+    launch.clear_cache()
     assert config.backward_config(640).max_vector_elements == 4
     shape = (3, 13, 1280)
     options = dict(options, group_size=640, norm_before_gate=False)

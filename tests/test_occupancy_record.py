@@ -20,7 +20,7 @@ import pytest
 import triton
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-RECORD = ROOT / "benchmarks" / "results" / "cpu-2026-12-03-backward-occupancy.txt"
+RECORD = ROOT / "tests" / "data" / "backward-occupancy.txt"
 # ptxas's register allocation is what is recorded: another Triton (another ptxas) may differ.
 RECORDED_TRITON = "3.6.0"
 

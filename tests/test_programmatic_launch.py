@@ -2,8 +2,8 @@
 plans the eager launcher builds (no GPU needed: the launches are recorded, not run).
 
 Each launch after the first must wait for its predecessor's writes (the dweight partials,
-the row dot products) and be launched as a dependent; only a launch with a successor lets
-it start early; without support, or with the switch off, no launch carries any of it."""
+the row dot products) and be launched as a dependent; without support, or with the switch
+off, no launch carries any of it."""
 
 import pytest
 import torch
@@ -19,7 +19,7 @@ def recorded(monkeypatch):
     monkeypatch.setattr(CachedLaunch, "__call__",
                         lambda self, grid, tensors, scalars: launches.append(
                             (self.kernel.fn.__name__, dict(self.meta))))
-    monkeypatch.setattr(launch, "_PLANS", {})
+    launch.clear_cache()
 
     def run(shape, group_size, with_weight, supported=True):
         monkeypatch.setattr(launch, "_programmatic_launch_supported", lambda device: supported)
@@ -52,9 +52,6 @@ def test_each_launch_after_the_first_waits_for_its_predecessor(recorded, shape, 
     assert not first["WAIT_FOR_PRIOR_GRID"] and not first.get("launch_pdl", False)
     for meta in rest:
         assert meta["WAIT_FOR_PRIOR_GRID"] and meta["launch_pdl"]
-    for index, (_, meta) in enumerate(launches):
-        has_successor = index + 1 < len(launches)
-        assert meta["LAUNCH_DEPENDENTS"] == (has_successor and config.BACKWARD_EARLY_DEPENDENTS)
 
 
 @pytest.mark.parametrize("switch_off", [True, False], ids=["switched-off", "unsupported"])
@@ -66,7 +63,7 @@ def test_plain_stream_order_without_support_or_switch(recorded, monkeypatch, sha
     launches = recorded(shape, group_size, True, supported=switch_off)
     assert launches
     for _, meta in launches:
-        assert not meta["WAIT_FOR_PRIOR_GRID"] and not meta["LAUNCH_DEPENDENTS"]
+        assert not meta["WAIT_FOR_PRIOR_GRID"]
         assert "launch_pdl" not in meta
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gatednorm
-from gatednorm.kernels import config, launch, layout
+from gatednorm.kernels import config, launch, layout, plan as planner
 
 from conftest import (
     assert_finite,
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("interpreter")
 
 
 def _plans(kind: str) -> list:
-    return [plan for key, plan in launch._PLANS.items() if key[0] == kind]
+    return launch.cached_plans(kind)
 
 
 def _layout_inputs(case: str, dtype: torch.dtype, d: int = 128):
@@ -44,7 +44,7 @@ class _Always:
     """Stands in for config.FORWARD_TILE_STORE: the same choice for every tile and dtype."""
 
     def __init__(self, choice):
-        self.choice = choice
+        self.choice = config.StoreChoice(*choice)
 
     def get(self, key, default=None):
         return self.choice
@@ -66,31 +66,36 @@ def test_rows_as_first_marks_the_tensors_laid_out_like_the_first():
                          ids=["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("block_n", [64, 128, 256, 1024])
 def test_forward_store_choice_comes_from_the_table_for_training_eager_launches(
-        dtype, block_n, activation):
-    tile = config.LaunchConfig(4, block_n, 4, False)
+        monkeypatch, dtype, block_n, activation):
+    tile = config.LaunchConfig(block_rows=4, block_n=block_n, num_warps=4, long_row=False)
+    monkeypatch.setattr(config, "forward_config", lambda group_size: tile)
+
+    def store(leading_dims, store_rstd, traceable):
+        return planner.plan_forward(block_n, 4096, 1, x_dtype=dtype, gate_dtype=dtype,
+                                    activation=activation, leading_dims=leading_dims,
+                                    store_rstd=store_rstd, traceable=traceable,
+                                    shared_memory_bytes=config.DEFAULT_SHARED_MEMORY_BYTES).store
+
     for leading_dims in (1, 2, 3):
         sliced = leading_dims > 1
         expected = config.FORWARD_TILE_STORE.get((block_n, dtype, activation, sliced),
-                                                 (False, False))
-        assert config.forward_tile_store(tile, dtype, activation, leading_dims, True,
-                                         False) == expected
+                                                 config.NO_STORE_CHOICE)
+        assert store(leading_dims, True, False) == expected
         # No rstd (inference) and traced launches (whose stores torch.compile must see)
         # keep tl.store after y and each tensor's own offsets.
-        assert config.forward_tile_store(tile, dtype, activation, leading_dims, False,
-                                         False) == (False, False)
-        assert config.forward_tile_store(tile, dtype, activation, leading_dims, True,
-                                         True) == (False, False)
+        assert store(leading_dims, False, False) == config.NO_STORE_CHOICE
+        assert store(leading_dims, True, True) == config.NO_STORE_CHOICE
 
 
-@pytest.mark.parametrize("block_rows, block_n, group_size, leading_dims, expected", [
-    (4, 128, 128, 1, True), (4, 128, 96, 1, True), (4, 256, 256, 1, True),
-    (4, 128, 128, 2, False), (4, 128, 128, 3, False), (1, 1024, 1024, 1, False),
-    (4, 256, 192, 1, False),  # a partial tile measured slower with shared offsets
+@pytest.mark.parametrize("group_size, leading_dims, expected", [
+    (128, 1, True), (96, 1, True), (256, 1, True), (192, 1, True),
+    (128, 2, False), (128, 3, False), (1024, 1, False),
+    (224, 1, False),  # the padded partial 256 tile measured slower with shared offsets
 ])
 def test_backward_shares_row_offsets_on_multi_row_tiles_with_one_leading_dim(
-        block_rows, block_n, group_size, leading_dims, expected):
-    tile = config.LaunchConfig(block_rows, block_n, 1, False, 3)
-    assert config.shares_row_offsets(tile, leading_dims, group_size) is expected
+        group_size, leading_dims, expected):
+    tile = config.backward_config(group_size)
+    assert planner.shares_row_offsets(tile, leading_dims) is expected
 
 
 @pytest.mark.parametrize("case, activation, forward_flags, backward_flags", [
@@ -101,7 +106,7 @@ def test_backward_shares_row_offsets_on_multi_row_tiles_with_one_leading_dim(
 ])
 def test_launch_flags_of_a_bf16_gdn_step(monkeypatch, case, activation, forward_flags,
                                          backward_flags):
-    monkeypatch.setattr(launch, "_PLANS", {})
+    launch.clear_cache()
     fused_on_views(*_layout_inputs(case, torch.bfloat16), activation=activation)
     (forward_plan,), (backward_plan,) = _plans("fwd"), _plans("bwd")
     meta = forward_plan.meta
@@ -112,7 +117,7 @@ def test_launch_flags_of_a_bf16_gdn_step(monkeypatch, case, activation, forward_
 
 
 def test_inference_launch_keeps_own_offsets_and_no_rstd(monkeypatch):
-    monkeypatch.setattr(launch, "_PLANS", {})
+    launch.clear_cache()
     x, gate, weight, _ = _layout_inputs("contiguous", torch.bfloat16)
     with torch.no_grad():
         gatednorm.rms_norm_gated(x, gate, weight)
@@ -139,15 +144,15 @@ OPTIONS = [
 def test_every_store_and_row_choice_gives_the_same_bits(monkeypatch, options, case, by_ptx,
                                                         shared, d):
     inputs = _layout_inputs(case, torch.float16, d)
-    monkeypatch.setattr(launch, "_PLANS", {})
+    launch.clear_cache()
     chosen = fused_on_views(*inputs, **options)
     assert_finite(chosen)
     assert_three_way(chosen, composite(*inputs, **options), fp64_truth(*inputs, **options),
                      30)
 
     monkeypatch.setattr(config, "FORWARD_TILE_STORE", _Always((by_ptx, shared)))
-    monkeypatch.setattr(launch, "shares_row_offsets", lambda *args: shared)
-    monkeypatch.setattr(launch, "_PLANS", {})
+    monkeypatch.setattr(planner, "shares_row_offsets", lambda *args: shared)
+    launch.clear_cache()
     forced = fused_on_views(*inputs, **options)
     (forward_plan,), (backward_plan,) = _plans("fwd"), _plans("bwd")
     assert forward_plan.meta["RSTD_BY_PTX"] is by_ptx

@@ -15,7 +15,7 @@ second sums them in a fixed order and writes dx and dgate.
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
 from gatednorm.kernels.pointwise import (
     activation_and_slope,
@@ -45,6 +45,47 @@ ROW_DOTS_PASS = tl.constexpr(1)  # write each row's dot product over the block t
 INPUT_GRADS_PASS = tl.constexpr(2)  # sum a row's dot products, write dx, dgate, dweight
 
 
+@triton.jit
+def tile_terms(x, g, dy, rstd, gamma, X_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr,
+               ACTIVATION: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
+               HAS_WEIGHT: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr,
+               ROUNDING: tl.constexpr):
+    """(act, slope, h_hat, grad_hhat, dweight_term, dgate) of a tile of x, gate and dy."""
+    act, slope = activation_and_slope(g, ACTIVATION)
+    h_hat = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING) * rstd[:, None]
+    grad_hhat, dweight_term, dgate = backward_pointwise(
+        act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE, WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT,
+        NORM_BEFORE_GATE, ROUNDING)
+    return act, slope, h_hat, grad_hhat, dweight_term, dgate
+
+
+@triton.jit
+def store_input_grads(DX, DGATE, dx_rows, dgate_rows, cols, mask, x, act, slope, h_hat,
+                      grad_hhat, dweight_term, dgate, rstd, mean_term, eps, dweight,
+                      X_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                      NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr,
+                      GROUP_OF_ONE: tl.constexpr):
+    """Write a tile's dx and dgate (tile_terms' values, the rows' mean_term) and return
+    ``dweight`` plus the tile's column sums of dweight_term.
+
+    GROUP_OF_ONE: grad_h = rstd * grad_hhat * (1 - h_hat^2), and where h^2 > eps the
+    subtraction keeps only a few bits in fp32; 1 - h_hat^2 is exactly eps / (h^2 + eps),
+    formed that way when eps is known (eps >= 0; the launcher passes -1 when it is not)."""
+    grad_h = rstd[:, None] * (grad_hhat - h_hat * mean_term[:, None])
+    if GROUP_OF_ONE:
+        h = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING)
+        complement = eps / (h * h + eps)
+        grad_h = tl.where(eps >= 0, rstd[:, None] * grad_hhat * complement, grad_h)
+    dx, dgate = backward_inputs(x, grad_h, act, slope, dgate, X_DTYPE, G_DTYPE,
+                                NORM_BEFORE_GATE, ROUNDING)
+    tl.store(DX + dx_rows[:, None] + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+    tl.store(DGATE + dgate_rows[:, None] + cols[None, :], dgate.to(DGATE.dtype.element_ty),
+             mask=mask)
+    if HAS_WEIGHT:
+        dweight += tl.sum(tl.where(mask, dweight_term, 0.0), axis=0)
+    return dweight
+
+
 @triton.jit(do_not_specialize=RUNTIME_INTS)
 def backward_tile_kernel(
     X, GATE, W, DY, RSTD, DX, DGATE, DW_PARTIAL, ROW_DOTS,
@@ -54,7 +95,7 @@ def backward_tile_kernel(
     stride_dy0, stride_dy1, stride_dy2,
     stride_dx0, stride_dx1, stride_dx2,
     stride_dgate0, stride_dgate1, stride_dgate2,
-    group_size, num_groups, column_blocks, rows_per_chunk, weight_size,
+    group_size, num_groups, column_blocks, rows_per_chunk, weight_size, eps,
     LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr,
     LOOP_STAGES: tl.constexpr,
@@ -62,7 +103,7 @@ def backward_tile_kernel(
     NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
     GATE_ROWS_AS_X: tl.constexpr, DY_ROWS_AS_X: tl.constexpr, DX_ROWS_AS_X: tl.constexpr,
     DGATE_ROWS_AS_X: tl.constexpr, SPLIT_PASS: tl.constexpr, DOT_BLOCKS: tl.constexpr,
-    LAUNCH_DEPENDENTS: tl.constexpr, WAIT_FOR_PRIOR_GRID: tl.constexpr,
+    WAIT_FOR_PRIOR_GRID: tl.constexpr,
 ):
     """[BLOCK_ROWS, BLOCK_N] tiles of one column block, looping over the chunk's rows.
 
@@ -83,11 +124,8 @@ def backward_tile_kernel(
     A tensor whose row strides equal x's (*_ROWS_AS_X, set by the launcher) is addressed
     with x's row offsets.
 
-    LAUNCH_DEPENDENTS / WAIT_FOR_PRIOR_GRID (programmatic dependent launch, sm_90+): let the
-    next launch in the stream start its programs while this one runs / wait for the previous
+    WAIT_FOR_PRIOR_GRID (programmatic dependent launch, sm_90+): wait for the previous
     launch's writes before reading anything."""
-    if LAUNCH_DEPENDENTS:
-        gdc_launch_dependents()
     if WAIT_FOR_PRIOR_GRID:
         gdc_wait()
     pid = tl.program_id(0)
@@ -182,16 +220,15 @@ def backward_tile_kernel(
             dy_rows = x_rows if DY_ROWS_AS_X else dy_units * ROW_ALIGN
             dx_rows = x_rows if DX_ROWS_AS_X else dx_units * ROW_ALIGN
             dgate_rows = x_rows if DGATE_ROWS_AS_X else dgate_units * ROW_ALIGN
+        # The loads stay inline: through a helper, ptxas schedules D = 1024 (norm first) 8
+        # instructions longer.
         x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + dy_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(RSTD + rows_idx * num_groups + group, mask=row_mask, other=0.0)
-
-        act, slope = activation_and_slope(g, ACTIVATION)
-        h_hat = gated_input(x, act, X_DTYPE, NORM_BEFORE_GATE, ROUNDING) * rstd[:, None]
-        grad_hhat, dweight_term, dgate = backward_pointwise(
-            act, slope, dy, h_hat, gamma, X_DTYPE, G_DTYPE, WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT,
-            NORM_BEFORE_GATE, ROUNDING)
+        act, slope, h_hat, grad_hhat, dweight_term, dgate = tile_terms(
+            x, g, dy, rstd, gamma, X_DTYPE, G_DTYPE, ACTIVATION, WEIGHT_PRODUCT_ROUNDED,
+            HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
         if TAIL_N > 0:
             tail_mask = row_mask[:, None] & tail_col_mask[None, :]
             tail_x = tl.load(X + x_rows[:, None] + tail_cols[None, :], mask=tail_mask,
@@ -200,12 +237,10 @@ def backward_tile_kernel(
                              other=0.0).to(tl.float32)
             tail_dy = tl.load(DY + dy_rows[:, None] + tail_cols[None, :], mask=tail_mask,
                               other=0.0).to(tl.float32)
-            tail_act, tail_slope = activation_and_slope(tail_g, ACTIVATION)
-            tail_h_hat = gated_input(tail_x, tail_act, X_DTYPE, NORM_BEFORE_GATE,
-                                     ROUNDING) * rstd[:, None]
-            tail_grad_hhat, tail_dweight_term, tail_dgate = backward_pointwise(
-                tail_act, tail_slope, tail_dy, tail_h_hat, tail_gamma, X_DTYPE, G_DTYPE,
-                WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
+            (tail_act, tail_slope, tail_h_hat, tail_grad_hhat, tail_dweight_term,
+             tail_dgate) = tile_terms(tail_x, tail_g, tail_dy, rstd, tail_gamma, X_DTYPE,
+                                      G_DTYPE, ACTIVATION, WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT,
+                                      NORM_BEFORE_GATE, ROUNDING)
         if SPLIT_PASS == ROW_DOTS_PASS:
             tl.store(ROW_DOTS + rows_idx * column_blocks + column_block,
                      tl.sum(grad_hhat * h_hat, axis=1), mask=row_mask)
@@ -222,26 +257,17 @@ def backward_tile_kernel(
                     + (group * blocks_per_group + blocks)[None, :],
                     mask=row_mask[:, None] & (blocks < blocks_per_group)[None, :], other=0.0)
                 mean_term = tl.sum(dots, axis=1) / group_size
-            grad_h = rstd[:, None] * (grad_hhat - h_hat * mean_term[:, None])
-            dx, dgate = backward_inputs(x, grad_h, act, slope, dgate, X_DTYPE, G_DTYPE,
-                                        NORM_BEFORE_GATE, ROUNDING)
-            tl.store(DX + dx_rows[:, None] + cols[None, :], dx.to(DX.dtype.element_ty),
-                     mask=mask)
-            tl.store(DGATE + dgate_rows[:, None] + cols[None, :],
-                     dgate.to(DGATE.dtype.element_ty), mask=mask)
-            if HAS_WEIGHT:
-                dweight += tl.sum(tl.where(mask, dweight_term, 0.0), axis=0)
+            dweight = store_input_grads(
+                DX, DGATE, dx_rows, dgate_rows, cols, mask, x, act, slope, h_hat, grad_hhat,
+                dweight_term, dgate, rstd, mean_term, eps, dweight, X_DTYPE, G_DTYPE,
+                HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING,
+                BLOCK_N == 1 and SPLIT_PASS == WHOLE_GROUPS)
             if TAIL_N > 0:
-                tail_grad_h = rstd[:, None] * (tail_grad_hhat - tail_h_hat * mean_term[:, None])
-                tail_dx, tail_dgate = backward_inputs(tail_x, tail_grad_h, tail_act,
-                                                      tail_slope, tail_dgate, X_DTYPE, G_DTYPE,
-                                                      NORM_BEFORE_GATE, ROUNDING)
-                tl.store(DX + dx_rows[:, None] + tail_cols[None, :],
-                         tail_dx.to(DX.dtype.element_ty), mask=tail_mask)
-                tl.store(DGATE + dgate_rows[:, None] + tail_cols[None, :],
-                         tail_dgate.to(DGATE.dtype.element_ty), mask=tail_mask)
-                if HAS_WEIGHT:
-                    tail_dweight += tl.sum(tl.where(tail_mask, tail_dweight_term, 0.0), axis=0)
+                tail_dweight = store_input_grads(
+                    DX, DGATE, dx_rows, dgate_rows, tail_cols, tail_mask, tail_x, tail_act,
+                    tail_slope, tail_h_hat, tail_grad_hhat, tail_dweight_term, tail_dgate, rstd,
+                    mean_term, eps, tail_dweight, X_DTYPE, G_DTYPE, HAS_WEIGHT,
+                    NORM_BEFORE_GATE, ROUNDING, False)
 
         if LEADING_DIMS == 2:  # the next tile's row offsets
             inner += inner_step
@@ -264,16 +290,14 @@ def backward_tile_kernel(
 @triton.jit(do_not_specialize=["num_chunks"])
 def dweight_reduce_kernel(PARTIAL, OUT, num_chunks, weight_size,
                           BLOCK_CHUNKS: tl.constexpr, BLOCK_COLS: tl.constexpr,
-                          LAUNCH_DEPENDENTS: tl.constexpr, WAIT_FOR_PRIOR_GRID: tl.constexpr):
+                          WAIT_FOR_PRIOR_GRID: tl.constexpr):
     """One level of a fixed reduction tree over the chunk partials.
 
     Program (c, k) writes OUT[k, c*BLOCK_COLS : +BLOCK_COLS] = sum of PARTIAL rows
     [k*BLOCK_CHUNKS, +BLOCK_CHUNKS). The launcher runs two levels, so the order of the
-    additions depends only on the number of chunks. LAUNCH_DEPENDENTS / WAIT_FOR_PRIOR_GRID
-    as in backward_tile_kernel: the partials are read only after the wait.
+    additions depends only on the number of chunks. WAIT_FOR_PRIOR_GRID as in
+    backward_tile_kernel: the partials are read only after the wait.
     """
-    if LAUNCH_DEPENDENTS:
-        gdc_launch_dependents()
     cols = tl.program_id(0) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
     chunk_idx = tl.program_id(1) * BLOCK_CHUNKS + tl.arange(0, BLOCK_CHUNKS)
     mask = (chunk_idx < num_chunks)[:, None] & (cols < weight_size)[None, :]

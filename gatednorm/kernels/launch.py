@@ -9,35 +9,19 @@ higher-order-op dispatch on every call.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
 from torch.library import wrap_triton
 
+from gatednorm.kernels import config, plan as planner
 from gatednorm.kernels.backward import (
     INPUT_GRADS_PASS,
     ROW_DOTS_PASS,
     WHOLE_GROUPS,
     backward_tile_kernel,
     dweight_reduce_kernel,
-)
-from gatednorm.kernels import config as _config
-from gatednorm.kernels.config import (
-    BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS,
-    BACKWARD_TARGET_PROGRAMS,
-    BACKWARD_TILE_TARGET_PROGRAMS,
-    DEFAULT_SHARED_MEMORY_BYTES,
-    backward_chunking,
-    backward_config,
-    backward_target_programs,
-    few_rows_forward_config,
-    fit_shared_memory,
-    forward_chunking,
-    forward_config,
-    forward_target_programs,
-    forward_tile_store,
-    shares_row_offsets,
 )
 from gatednorm.kernels.fast_launch import CachedLaunch
 from gatednorm.kernels.forward import (
@@ -52,8 +36,12 @@ ROUNDING_FLAG = {"te": 0, "fp32": 1, "hf": 2}
 DWEIGHT_BLOCK_CHUNKS = 128
 DWEIGHT_BLOCK_COLS = 32
 # Two reduction levels cover every chunk count the backward can produce.
-assert (max(BACKWARD_TARGET_PROGRAMS, *BACKWARD_TILE_TARGET_PROGRAMS.values(),
-            *BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS.values()) <= DWEIGHT_BLOCK_CHUNKS ** 2)
+assert (max(config.BACKWARD_TARGET_PROGRAMS,
+            *(entry.programs or 0 for entry in config.TABLE.values()))
+        <= DWEIGHT_BLOCK_CHUNKS ** 2)
+FORWARD_KERNELS = {planner.FORWARD_TILE: forward_tile_kernel,
+                   planner.FORWARD_ROW_LOOP: forward_row_loop_kernel,
+                   planner.FORWARD_LONG_ROW: forward_long_row_kernel}
 
 
 @dataclass(frozen=True)
@@ -65,50 +53,69 @@ class _Plan:
     layout_args: tuple
     meta: dict
     layout_copies: bool
+    # The planner's decision (planner.ForwardPlan or planner.BackwardPlan), for describe().
+    decision: object = None
     # Eager plans only: the main kernel and the two dweight reduction levels, relaunched
     # without Triton's argument binding (fast_launch.py).
     cached_launch: CachedLaunch | None = None
     reduce_launches: tuple[CachedLaunch, CachedLaunch] | None = None
-    # Backward: programs per chunk of rows (num_groups, times the blocks a group is cut into
-    # when wider than a tile); with a cut, the first of the two launches (ROW_DOTS_PASS).
+    # Backward: programs per chunk of rows; with a cut, the first of the two launches
+    # (ROW_DOTS_PASS).
     column_blocks: int = 0
     row_dots_meta: dict | None = None
     row_dots_launch: CachedLaunch | None = None
 
 
-# Plans of eager calls, keyed by shapes, strides, dtypes and options: a decode step repeats the
-# same call thousands of times, and rebuilding the plan costs more than the kernel at that size.
-# The inference launchers bound to whole call signatures (inference_forward) live here too.
-_PLANS: dict[tuple, object] = {}
+# The library's one cache: launch plans of eager calls keyed by shapes, strides, dtypes and
+# options (a decode step repeats the same call thousands of times, and rebuilding the plan
+# costs more than the kernel at that size), the inference launchers bound to whole call
+# signatures, and whatever else the host path remembers per call signature.
+_PLANS: dict = {}
 _MAX_PLANS = 4096
 
 
-def _cached_plan(key, build):
+def cached(key, build):
+    """The value cached under ``key`` (any hashable), built by ``build()`` on a miss; None
+    as the key builds without caching. The cache is emptied whole when it holds _MAX_PLANS
+    entries."""
     if key is None:
         return build()
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = build()
+    value = _PLANS.get(key)
+    if value is None:
+        value = build()
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
-        _PLANS[key] = plan
-    return plan
+        _PLANS[key] = value
+    return value
 
 
-def _meta(layout: RowLayout, config, x_dtype: torch.dtype, weight, zero_centered_gamma: bool,
-          activation: str, norm_before_gate: bool, rounding: str) -> dict:
+def cached_plans(kind: str) -> list:
+    """The cached launch plans of one pass, "fwd" or "bwd" (tests and tools inspect their
+    ``meta``, ``grid`` and ``decision``)."""
+    return [value for key, value in _PLANS.items()
+            if isinstance(key, tuple) and key and key[0] == kind]
+
+
+def clear_cache() -> None:
+    """Forget every cached plan and launcher (the next calls plan and compile again)."""
+    _PLANS.clear()
+
+
+def _meta(layout: RowLayout, tile: config.LaunchConfig, x_dtype: torch.dtype, weight,
+          zero_centered_gamma: bool, activation: str, norm_before_gate: bool,
+          rounding: str) -> dict:
     return dict(
         LEADING_DIMS=layout.leading_dims,
-        ROW_ALIGN=min(layout.row_align, config.max_vector_elements or layout.row_align),
-        BLOCK_ROWS=config.block_rows, BLOCK_N=config.block_n, TAIL_N=config.tail_n,
-        LOOP_STAGES=config.loop_stages,
+        ROW_ALIGN=min(layout.row_align, tile.max_vector_elements or layout.row_align),
+        BLOCK_ROWS=tile.block_rows, BLOCK_N=tile.block_n, TAIL_N=tile.tail_n,
+        LOOP_STAGES=tile.loop_stages,
         HAS_WEIGHT=weight is not None, ZERO_CENTERED=zero_centered_gamma,
         ACTIVATION=ACTIVATION_FLAG[activation], NORM_BEFORE_GATE=norm_before_gate,
         ROUNDING=ROUNDING_FLAG[rounding],
         # "hf" multiplies the weight in its own dtype: rounded when it shares x's 16-bit dtype.
         WEIGHT_PRODUCT_ROUNDED=(weight is not None and weight.dtype == x_dtype
                                 and x_dtype != torch.float32),
-        num_warps=config.num_warps,
+        num_warps=tile.num_warps,
     )
 
 
@@ -123,10 +130,10 @@ def _layout_args(layout: RowLayout) -> tuple:
 def shared_memory_bytes(device: torch.device) -> int:
     """Shared memory one block may opt into on ``device``."""
     if device.type != "cuda":
-        return DEFAULT_SHARED_MEMORY_BYTES
+        return config.DEFAULT_SHARED_MEMORY_BYTES
     properties = torch.cuda.get_device_properties(device)
     return int(getattr(properties, "shared_memory_per_block_optin", 0)
-               or DEFAULT_SHARED_MEMORY_BYTES)
+               or config.DEFAULT_SHARED_MEMORY_BYTES)
 
 
 @functools.cache
@@ -147,13 +154,40 @@ def _row_layout_of(inputs: list[torch.Tensor], outputs: list[torch.Tensor], grou
     return row_layout(inputs + outputs, group_size), True
 
 
+def _forward_plan(x, gate, weight, y, *, zero_centered_gamma, activation, norm_before_gate,
+                  group_size, rounding, traceable, store_rstd, shared_memory) -> _Plan:
+    num_groups = x.shape[-1] // group_size
+    layout, copies = _row_layout_of([x, gate], [y], group_size)
+    decision = planner.plan_forward(
+        group_size, layout.rows, num_groups, x_dtype=x.dtype, gate_dtype=gate.dtype,
+        activation=activation, leading_dims=layout.leading_dims, store_rstd=store_rstd,
+        traceable=traceable, shared_memory_bytes=shared_memory)
+    meta = _meta(layout, decision.tile, x.dtype, weight, zero_centered_gamma, activation,
+                 norm_before_gate, rounding)
+    meta["STORE_RSTD"] = store_rstd
+    layout_args = _layout_args(layout) + (group_size, num_groups)
+    if decision.kernel == planner.FORWARD_LONG_ROW:
+        del meta["TAIL_N"]  # the long-row kernel loops over block_n-wide chunks
+    elif decision.kernel == planner.FORWARD_ROW_LOOP:
+        layout_args += (decision.rows_per_chunk,)
+    else:
+        del meta["LOOP_STAGES"]  # the tile kernel has no loop
+        _, gate_as_x, y_as_x = layout.rows_as_first
+        shared = decision.store.shared_rows
+        meta.update(RSTD_BY_PTX=decision.store.rstd_by_ptx, GATE_ROWS_AS_X=shared and gate_as_x,
+                    Y_ROWS_AS_X=shared and y_as_x)
+    kernel = FORWARD_KERNELS[decision.kernel]
+    return _Plan(kernel=kernel, grid=(decision.programs,), layout_args=layout_args, meta=meta,
+                 layout_copies=copies, decision=decision,
+                 cached_launch=None if traceable else CachedLaunch(kernel, meta))
+
+
 def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *, eps: float,
             zero_centered_gamma: bool, activation: str, norm_before_gate: bool,
             group_size: int, rounding: str, traceable: bool, store_rstd: bool = True):
     """Returns (y, rstd): y like x (contiguous), rstd fp32 of shape [..., D // group_size]
     (None when ``store_rstd`` is False: inference needs no backward)."""
-    d = x.shape[-1]
-    num_groups = d // group_size
+    num_groups = x.shape[-1] // group_size
     # empty_like is a few microseconds cheaper per call than torch.empty(shape, ...) on a slow
     # host; the output is always contiguous, whatever x's strides.
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -161,58 +195,12 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
             if store_rstd else None)
     if x.numel() == 0:
         return y, rstd
-
-    def build() -> _Plan:
-        layout, copies = _row_layout_of([x, gate], [y], group_size)
-        config = forward_config(group_size)
-        if isinstance(layout.rows, int):
-            config = few_rows_forward_config(config, layout.rows, num_groups)
-        if not config.long_row and max(x.element_size(), gate.element_size()) > 2:
-            # With fp32 x the row loop's pipelined loads changed the register layout of the
-            # sum of squares, and with it rstd's last bit: y differed between the kernel
-            # variants with and without the rstd store (GPU suite run 6). The table was
-            # tuned on 16-bit inputs; an fp32 x or gate keeps the one-tile kernel.
-            config = replace(config, loop_stages=1)
-        elif not config.long_row:
-            # The row loop prefetches x and gate: (stages - 1) tiles of both.
-            config = fit_shared_memory(config, x.element_size() + gate.element_size(),
-                                       shared_memory_bytes(x.device))
-        meta = _meta(layout, config, x.dtype, weight, zero_centered_gamma, activation,
-                     norm_before_gate, rounding)
-        meta["STORE_RSTD"] = store_rstd
-        layout_args = _layout_args(layout) + (group_size, num_groups)
-        if config.long_row:
-            kernel = forward_long_row_kernel
-            del meta["TAIL_N"]  # the long-row kernel loops over block_n-wide chunks
-            grid = (layout.rows * num_groups,)
-        elif config.loop_stages > 1:
-            kernel = forward_row_loop_kernel
-            rows_per_chunk, num_chunks = forward_chunking(layout.rows, num_groups,
-                                                          config.block_rows,
-                                                          forward_target_programs(config))
-            grid = (num_chunks * num_groups,)
-            layout_args += (rows_per_chunk,)
-        else:
-            kernel = forward_tile_kernel
-            grid = (triton.cdiv(layout.rows, config.block_rows) * num_groups,)
-            del meta["LOOP_STAGES"]  # the tile kernel has no loop
-            by_ptx, share = forward_tile_store(config, x.dtype, activation,
-                                               layout.leading_dims, store_rstd, traceable)
-            _, gate_as_x, y_as_x = layout.rows_as_first
-            meta.update(RSTD_BY_PTX=by_ptx, GATE_ROWS_AS_X=share and gate_as_x,
-                        Y_ROWS_AS_X=share and y_as_x)
-        return _Plan(
-            kernel=kernel,
-            grid=grid,
-            layout_args=layout_args,
-            meta=meta,
-            layout_copies=copies,
-            cached_launch=None if traceable else CachedLaunch(kernel, meta),
-        )
-
-    key = None if traceable else _forward_key(x, gate, weight, group_size, zero_centered_gamma,
-                                              activation, norm_before_gate, rounding, store_rstd)
-    plan = _cached_plan(key, build)
+    options = dict(zero_centered_gamma=zero_centered_gamma, activation=activation,
+                   norm_before_gate=norm_before_gate, group_size=group_size, rounding=rounding)
+    key = None if traceable else _forward_key(x, gate, weight, store_rstd=store_rstd, **options)
+    plan = cached(key, lambda: _forward_plan(
+        x, gate, weight, y, traceable=traceable, store_rstd=store_rstd,
+        shared_memory=shared_memory_bytes(x.device), **options))
     if plan.layout_copies:
         x, gate = x.contiguous(), gate.contiguous()
     weight_arg = x if weight is None else weight
@@ -226,8 +214,8 @@ def forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, *,
     return y, rstd
 
 
-def _forward_key(x, gate, weight, group_size, zero_centered_gamma, activation, norm_before_gate,
-                 rounding, store_rstd) -> tuple:
+def _forward_key(x, gate, weight, *, group_size, zero_centered_gamma, activation,
+                 norm_before_gate, rounding, store_rstd) -> tuple:
     # The device too: a compiled kernel belongs to the device it was loaded on.
     return ("fwd", x.shape, x.stride(), gate.stride(), x.dtype, gate.dtype,
             None if weight is None else weight.dtype, x.device, group_size,
@@ -272,18 +260,69 @@ def inference_forward(signature: tuple, x: torch.Tensor, gate: torch.Tensor,
     y, _ = forward(x, gate, weight, eps=eps, traceable=False, store_rstd=False, **options)
     plan = _PLANS.get(_forward_key(x, gate, weight, store_rstd=False, **options))
     if plan is not None and not plan.layout_copies:
-        _cached_plan(signature, lambda: _InferenceLaunch(plan, eps))
+        cached(signature, lambda: _InferenceLaunch(plan, eps))
     return y
+
+
+def _backward_plan(x, gate, weight, dy, dx, dgate, *, zero_centered_gamma, activation,
+                   norm_before_gate, group_size, rounding, traceable, shared_memory,
+                   pdl_supported) -> _Plan:
+    d = x.shape[-1]
+    num_groups = d // group_size
+    layout, copies = _row_layout_of([x, gate, dy], [dx, dgate], group_size)
+    decision = planner.plan_backward(
+        group_size, layout.rows, num_groups,
+        loaded_bytes_per_element=x.element_size() + gate.element_size() + dy.element_size(),
+        leading_dims=layout.leading_dims, shared_memory_bytes=shared_memory)
+    meta = _meta(layout, decision.tile, x.dtype, weight, zero_centered_gamma, activation,
+                 norm_before_gate, rounding)
+    share = decision.shares_rows
+    _, gate_as_x, dy_as_x, dx_as_x, dgate_as_x = layout.rows_as_first
+    eager = not traceable
+    # Programmatic dependent launch: each launch after the first carries the attribute and
+    # waits for its predecessor's writes. Traced launches keep plain stream order (Inductor
+    # launches them itself).
+    pdl = eager and config.BACKWARD_PROGRAMMATIC_LAUNCH and pdl_supported
+    meta.update(GATE_ROWS_AS_X=share and gate_as_x, DY_ROWS_AS_X=share and dy_as_x,
+                DX_ROWS_AS_X=share and dx_as_x, DGATE_ROWS_AS_X=share and dgate_as_x,
+                SPLIT_PASS=WHOLE_GROUPS.value, DOT_BLOCKS=decision.dot_blocks,
+                WAIT_FOR_PRIOR_GRID=False)
+    row_dots_meta = None
+    if decision.tile.long_row:
+        row_dots_meta = dict(meta, SPLIT_PASS=ROW_DOTS_PASS.value)
+        meta.update(SPLIT_PASS=INPUT_GRADS_PASS.value, WAIT_FOR_PRIOR_GRID=pdl)
+        if pdl:
+            meta["launch_pdl"] = True
+    return _Plan(
+        kernel=backward_tile_kernel,
+        grid=(decision.programs,),
+        layout_args=_layout_args(layout) + (group_size, num_groups, decision.column_blocks,
+                                            decision.rows_per_chunk, d),
+        meta=meta,
+        layout_copies=copies,
+        decision=decision,
+        cached_launch=CachedLaunch(backward_tile_kernel, meta) if eager else None,
+        reduce_launches=(CachedLaunch(dweight_reduce_kernel, _reduce_meta(pdl)),
+                         CachedLaunch(dweight_reduce_kernel, _reduce_meta(pdl)))
+        if eager else None,
+        row_dots_meta=row_dots_meta,
+        row_dots_launch=(CachedLaunch(backward_tile_kernel, row_dots_meta)
+                         if eager and row_dots_meta is not None else None),
+        column_blocks=decision.column_blocks,
+    )
 
 
 def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
              weight: torch.Tensor | None, rstd: torch.Tensor, *, zero_centered_gamma: bool,
              activation: str, norm_before_gate: bool, group_size: int, rounding: str,
-             traceable: bool):
+             traceable: bool, eps: float | None = None):
     """Returns (dx, dgate, dweight): dx like x, dgate like gate, dweight like weight (or an
-    empty tensor without a weight). dweight sums fp32 partials in a fixed order."""
+    empty tensor without a weight). dweight sums fp32 partials in a fixed order.
+
+    ``eps``: the forward's. Groups of one element need it for an accurate dx and dgate (their
+    1 - h_hat^2 is eps * rstd^2, which fp32 cannot form by subtraction); without it they
+    keep the subtraction (relative error up to ~1e-2 where eps << h^2)."""
     d = x.shape[-1]
-    num_groups = d // group_size
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     dgate = torch.empty_like(gate, memory_format=torch.contiguous_format)
     if weight is None:
@@ -296,66 +335,16 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
         return dx, dgate, dweight
     if dy.stride(-1) != 1:
         dy = dy.contiguous()
-
-    def build() -> _Plan:
-        layout, copies = _row_layout_of([x, gate, dy], [dx, dgate], group_size)
-        config = backward_config(group_size)
-        config = fit_shared_memory(config, x.element_size() + gate.element_size()
-                                   + dy.element_size(), shared_memory_bytes(x.device))
-        # A group wider than the tile is cut into blocks of block_n columns (two launches);
-        # a tile holds whole groups otherwise (its tail_n columns too).
-        column_blocks = num_groups * (triton.cdiv(group_size, config.block_n)
-                                      if config.long_row else 1)
-        rows_per_chunk, num_chunks = backward_chunking(layout.rows, column_blocks,
-                                                       config.block_rows,
-                                                       backward_target_programs(config))
-        meta = _meta(layout, config, x.dtype, weight, zero_centered_gamma, activation,
-                     norm_before_gate, rounding)
-        share = shares_row_offsets(config, layout.leading_dims, group_size)
-        _, gate_as_x, dy_as_x, dx_as_x, dgate_as_x = layout.rows_as_first
-        cached = not traceable
-        # Programmatic dependent launch: each launch after the first carries the attribute and
-        # waits for its predecessor's writes; it starts as the predecessor's programs exit, or
-        # from the predecessor's first instruction with BACKWARD_EARLY_DEPENDENTS. Traced
-        # launches keep plain stream order (Inductor launches them itself).
-        pdl = (cached and _config.BACKWARD_PROGRAMMATIC_LAUNCH
-               and _programmatic_launch_supported(x.device))
-        early = pdl and _config.BACKWARD_EARLY_DEPENDENTS
-        meta.update(GATE_ROWS_AS_X=share and gate_as_x, DY_ROWS_AS_X=share and dy_as_x,
-                    DX_ROWS_AS_X=share and dx_as_x, DGATE_ROWS_AS_X=share and dgate_as_x,
-                    SPLIT_PASS=WHOLE_GROUPS.value, DOT_BLOCKS=1,
-                    LAUNCH_DEPENDENTS=early and weight is not None, WAIT_FOR_PRIOR_GRID=False)
-        row_dots_meta = None
-        if config.long_row:
-            dot_blocks = triton.next_power_of_2(column_blocks // num_groups)
-            row_dots_meta = dict(meta, SPLIT_PASS=ROW_DOTS_PASS.value, DOT_BLOCKS=dot_blocks,
-                                 LAUNCH_DEPENDENTS=early)
-            meta.update(SPLIT_PASS=INPUT_GRADS_PASS.value, DOT_BLOCKS=dot_blocks,
-                        WAIT_FOR_PRIOR_GRID=pdl)
-            if pdl:
-                meta["launch_pdl"] = True
-        return _Plan(
-            kernel=backward_tile_kernel,
-            grid=(num_chunks * column_blocks,),
-            layout_args=_layout_args(layout) + (group_size, num_groups, column_blocks,
-                                                rows_per_chunk, d),
-            meta=meta,
-            layout_copies=copies,
-            cached_launch=CachedLaunch(backward_tile_kernel, meta) if cached else None,
-            reduce_launches=(CachedLaunch(dweight_reduce_kernel, _reduce_meta(pdl, early)),
-                             CachedLaunch(dweight_reduce_kernel, _reduce_meta(pdl, False)))
-            if cached else None,
-            row_dots_meta=row_dots_meta,
-            row_dots_launch=(CachedLaunch(backward_tile_kernel, row_dots_meta)
-                             if cached and row_dots_meta is not None else None),
-            column_blocks=column_blocks,
-        )
-
+    options = dict(zero_centered_gamma=zero_centered_gamma, activation=activation,
+                   norm_before_gate=norm_before_gate, group_size=group_size, rounding=rounding)
     key = None if traceable else (
         "bwd", x.shape, x.stride(), gate.stride(), dy.stride(), x.dtype, gate.dtype, dy.dtype,
         None if weight is None else weight.dtype, x.device, group_size, zero_centered_gamma,
         activation, norm_before_gate, rounding)
-    plan = _cached_plan(key, build)
+    plan = cached(key, lambda: _backward_plan(
+        x, gate, weight, dy, dx, dgate, traceable=traceable,
+        shared_memory=shared_memory_bytes(x.device),
+        pdl_supported=_programmatic_launch_supported(x.device), **options))
     if plan.layout_copies:
         x, gate, dy = x.contiguous(), gate.contiguous(), dy.contiguous()
     num_chunks = plan.grid[0] // plan.column_blocks
@@ -372,33 +361,30 @@ def backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor,
                 if plan.row_dots_meta is not None else rstd)
     tensors = (x, gate, x if weight is None else weight, dy, rstd, dx, dgate, scratch,
                row_dots)
+    scalars = (*plan.layout_args, -1.0 if eps is None else float(eps))
     if traceable:
         if plan.row_dots_meta is not None:
-            wrap_triton(plan.kernel)[plan.grid](*tensors, *plan.layout_args,
-                                                **plan.row_dots_meta)
-        wrap_triton(plan.kernel)[plan.grid](*tensors, *plan.layout_args, **plan.meta)
+            wrap_triton(plan.kernel)[plan.grid](*tensors, *scalars, **plan.row_dots_meta)
+        wrap_triton(plan.kernel)[plan.grid](*tensors, *scalars, **plan.meta)
     else:
         if plan.row_dots_launch is not None:
-            plan.row_dots_launch(plan.grid, tensors, plan.layout_args)
-        plan.cached_launch(plan.grid, tensors, plan.layout_args)
+            plan.row_dots_launch(plan.grid, tensors, scalars)
+        plan.cached_launch(plan.grid, tensors, scalars)
     if weight is not None:
         _reduce_partials(scratch, dweight, num_chunks, blocks, d, plan.reduce_launches)
     return dx, dgate, dweight
 
 
 _REDUCE_META = dict(BLOCK_CHUNKS=DWEIGHT_BLOCK_CHUNKS, BLOCK_COLS=DWEIGHT_BLOCK_COLS,
-                    LAUNCH_DEPENDENTS=False, WAIT_FOR_PRIOR_GRID=False, num_warps=4)
+                    WAIT_FOR_PRIOR_GRID=False, num_warps=4)
 
 
-def _reduce_meta(pdl: bool, launch_dependents: bool) -> dict:
+def _reduce_meta(pdl: bool) -> dict:
     """Meta of an eager reduction launch: with ``pdl`` it may start while the launch before
     it runs and waits for that launch's writes."""
     if not pdl:
         return _REDUCE_META
-    return dict(_REDUCE_META, LAUNCH_DEPENDENTS=launch_dependents, WAIT_FOR_PRIOR_GRID=True,
-                launch_pdl=True)
-
-
+    return dict(_REDUCE_META, WAIT_FOR_PRIOR_GRID=True, launch_pdl=True)
 def _reduce_partials(scratch: torch.Tensor, dweight: torch.Tensor, num_chunks: int,
                      blocks: int, d: int, launches) -> None:
     """Sum the num_chunks x d fp32 partials at the start of ``scratch`` into dweight in two
