@@ -95,6 +95,9 @@ def _cached_plan(key, build):
     return plan
 
 
+cached, clear_cache = _cached_plan, lambda: _PLANS.clear()
+
+
 def _meta(layout: RowLayout, config, x_dtype: torch.dtype, weight, zero_centered_gamma: bool,
           activation: str, norm_before_gate: bool, rounding: str) -> dict:
     return dict(
