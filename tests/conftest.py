@@ -47,11 +47,26 @@ def pytest_configure(config):
             "filterwarnings", f"ignore:{message}:RuntimeWarning:triton.runtime.interpreter")
 
 
+# The GPU suite's test modules need a CUDA device and compiled kernels: without them they are
+# not collected at all (rather than collected and skipped by the thousand), so that the
+# summary's counts are the CPU suite's. tests/gpu/test_helpers.py checks the GPU suite's
+# helpers on CPU tensors and always runs.
+GPU_SUITE_RUNS = torch.cuda.is_available() and os.environ["TRITON_INTERPRET"] != "1"
+collect_ignore_glob = [] if GPU_SUITE_RUNS else ["gpu/test_gpu_*.py"]
+
+
 def pytest_report_header(config):
     import triton
 
-    return (f"gatednorm CPU suite: TRITON_INTERPRET={os.environ['TRITON_INTERPRET']}, "
-            f"torch {torch.__version__}, triton {triton.__version__}")
+    lines = [f"gatednorm CPU suite: TRITON_INTERPRET={os.environ['TRITON_INTERPRET']}, "
+             f"torch {torch.__version__}, triton {triton.__version__}"]
+    if not GPU_SUITE_RUNS:
+        lines.append("tests/gpu/test_gpu_*.py not collected: no CUDA device or "
+                     "TRITON_INTERPRET=1 (GPU suite: run scripts/run_gpu_suite.sh on a GPU)")
+    if config.getoption("markexpr") == "not slow":
+        lines.append("slow tests deselected (the long-row and many-row cases): "
+                     "run them with -m slow")
+    return lines
 
 
 @pytest.fixture(autouse=True)
@@ -74,9 +89,9 @@ def decode_tile(monkeypatch):
     from gatednorm.kernels import launch
 
     monkeypatch.setattr(_config, "FORWARD_FEW_PROGRAMS", DECODE_FEW_PROGRAMS)
-    launch._PLANS.clear()
+    launch.clear_cache()
     yield
-    launch._PLANS.clear()
+    launch.clear_cache()
 
 
 @pytest.fixture

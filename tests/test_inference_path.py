@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gatednorm
-from gatednorm import ops
+from gatednorm import GatedNormOptions, ops
 from gatednorm.kernels import launch
 
 from conftest import make_inputs, nan_poisoned_empty
@@ -19,18 +19,16 @@ OPTIONS = dict(eps=1e-6, zero_centered_gamma=False, activation="silu", norm_befo
 
 
 @pytest.fixture(autouse=True)
-def _fresh_plans(monkeypatch):
-    monkeypatch.setattr(launch, "_PLANS", {})
+def _fresh_plans():
+    launch.clear_cache()
+    yield
+    launch.clear_cache()
 
 
 def _full_path_y(x, gate, weight, **options):
     """y through the autograd.Function path (rstd stored), the reference for the bits."""
-    options = {**OPTIONS, **options}
-    group = options.pop("group_size") or x.shape[-1]
-    eps = options.pop("eps")
-    return ops.EagerRMSNormGated.apply(
-        x, gate, weight, eps, options["zero_centered_gamma"], options["activation"],
-        options["norm_before_gate"], group, options["rounding"])
+    checked = GatedNormOptions.checked(**{**OPTIONS, **options}).for_hidden_size(x.shape[-1])
+    return ops.EagerRMSNormGated.apply(x, gate, weight, checked)
 
 
 def _count_full_forwards(monkeypatch) -> list:
@@ -38,10 +36,6 @@ def _count_full_forwards(monkeypatch) -> list:
     real = launch.forward
     monkeypatch.setattr(launch, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
     return calls
-
-
-def _launchers() -> list:
-    return [key for key in launch._PLANS if key[0] == "inference"]
 
 
 @pytest.mark.parametrize("grad_mode", ["no_grad", "inference_mode", "inputs_without_grad"])
@@ -55,7 +49,6 @@ def test_a_repeated_call_runs_its_bound_launcher_with_the_same_bits(monkeypatch,
             first = gatednorm.rms_norm_gated(x, gate, weight, **OPTIONS)
             second = gatednorm.rms_norm_gated(x, gate, weight, **OPTIONS)
     assert len(full_forwards) == 1, "the second call must take the bound launcher"
-    assert len(_launchers()) == 1
     expected = _full_path_y(x, gate, weight).detach()
     assert torch.equal(first, expected) and torch.equal(second, expected)
     assert second.data_ptr() != first.data_ptr(), "each call returns a new output"
@@ -63,8 +56,9 @@ def test_a_repeated_call_runs_its_bound_launcher_with_the_same_bits(monkeypatch,
 
 @pytest.mark.parametrize("change", ["sliced gate", "other eps", "fp32 weight", "no weight",
                                     "sigmoid", "groups", "other rows"])
-def test_another_signature_gets_its_own_launcher(change):
+def test_another_signature_gets_its_own_launcher(monkeypatch, change):
     x, gate, weight, _ = make_inputs((6, 64), torch.bfloat16)
+    full_forwards = _count_full_forwards(monkeypatch)
     options = dict(OPTIONS)
     with torch.no_grad():
         gatednorm.rms_norm_gated(x, gate, weight, **options)
@@ -85,7 +79,7 @@ def test_another_signature_gets_its_own_launcher(change):
         with nan_poisoned_empty():
             y = gatednorm.rms_norm_gated(x, gate, weight, **options)
             again = gatednorm.rms_norm_gated(x, gate, weight, **options)
-    assert len(_launchers()) == 2
+    assert len(full_forwards) == 2, "one full forward per signature, then its launcher"
     expected = _full_path_y(x, gate, weight, **options).detach()
     assert torch.equal(y, expected) and torch.equal(again, expected)
 
@@ -101,20 +95,24 @@ def test_a_call_that_needs_a_gradient_never_takes_the_launcher():
     assert torch.isfinite(dweight).all()
 
 
-def test_a_non_unit_last_stride_is_copied_and_not_bound():
+def test_a_non_unit_last_stride_is_copied_and_not_bound(monkeypatch):
     x, gate, weight, _ = make_inputs((4, 64), torch.bfloat16)
     strided_gate = torch.stack([gate, gate], dim=-1)[..., 0]  # last-dim stride 2
+    full_forwards = _count_full_forwards(monkeypatch)
     with torch.no_grad():
         y = gatednorm.rms_norm_gated(x, strided_gate, weight, **OPTIONS)
-    assert not _launchers()
-    assert torch.equal(y, _full_path_y(x, gate, weight).detach())
+        again = gatednorm.rms_norm_gated(x, strided_gate, weight, **OPTIONS)
+    assert len(full_forwards) == 2, "a copied input must not be bound to a launcher"
+    expected = _full_path_y(x, gate, weight).detach()
+    assert torch.equal(y, expected) and torch.equal(again, expected)
 
 
-def test_clearing_the_plans_drops_the_launchers():
+def test_clearing_the_cache_drops_the_launchers(monkeypatch):
     x, gate, weight, _ = make_inputs((4, 64), torch.bfloat16)
+    full_forwards = _count_full_forwards(monkeypatch)
     with torch.no_grad():
         gatednorm.rms_norm_gated(x, gate, weight, **OPTIONS)
-        assert _launchers()
-        launch._PLANS.clear()
+        launch.clear_cache()
         y = gatednorm.rms_norm_gated(x, gate, weight, **OPTIONS)
+    assert len(full_forwards) == 2
     assert torch.equal(y, _full_path_y(x, gate, weight).detach())
