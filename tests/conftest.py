@@ -55,18 +55,28 @@ GPU_SUITE_RUNS = torch.cuda.is_available() and os.environ["TRITON_INTERPRET"] !=
 collect_ignore_glob = [] if GPU_SUITE_RUNS else ["gpu/test_gpu_*.py"]
 
 
+def _suite_notes(config) -> list[str]:
+    notes = []
+    if not GPU_SUITE_RUNS:
+        notes.append("tests/gpu/test_gpu_*.py not collected: no CUDA device or "
+                     "TRITON_INTERPRET=1 (GPU suite: run scripts/run_gpu_suite.sh on a GPU)")
+    if config.getoption("markexpr") == "not slow":
+        notes.append("slow tests deselected (long-row and many-row interpreter cases): "
+                     "run them with -m slow")
+    return notes
+
+
 def pytest_report_header(config):
     import triton
 
-    lines = [f"gatednorm CPU suite: TRITON_INTERPRET={os.environ['TRITON_INTERPRET']}, "
-             f"torch {torch.__version__}, triton {triton.__version__}"]
-    if not GPU_SUITE_RUNS:
-        lines.append("tests/gpu/test_gpu_*.py not collected: no CUDA device or "
-                     "TRITON_INTERPRET=1 (GPU suite: run scripts/run_gpu_suite.sh on a GPU)")
-    if config.getoption("markexpr") == "not slow":
-        lines.append("slow tests deselected (the long-row and many-row cases): "
-                     "run them with -m slow")
-    return lines
+    return [f"gatednorm CPU suite: TRITON_INTERPRET={os.environ['TRITON_INTERPRET']}, "
+            f"torch {torch.__version__}, triton {triton.__version__}", *_suite_notes(config)]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    # -q hides the header: say it again at the end, where the counts are.
+    for note in _suite_notes(config):
+        terminalreporter.write_line(note)
 
 
 @pytest.fixture(autouse=True)
