@@ -84,9 +84,10 @@ def _setup_context(ctx, inputs, output):
 
 def _op_backward(ctx, dy, _drstd):
     x, gate, weight, rstd = ctx.saved_tensors
-    dx, dgate, dweight = rms_norm_gated_bwd(dy, x, gate, weight, rstd, *ctx.options[1:])
+    dx, dgate, dweight = rms_norm_gated_bwd(dy, x, gate, weight, rstd,
+                                            *ctx.options.op_arguments()[1:])
     return (dx, dgate, dweight if weight is not None else None,
-            *(None for _ in ctx.options))
+            *(None for _ in ctx.options.op_arguments()))
 
 
 rms_norm_gated_fwd.register_autograd(_op_backward, setup_context=_setup_context)
@@ -96,7 +97,7 @@ def registered(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None,
                options: GatedNormOptions) -> torch.Tensor:
     """y through the registered op: the path torch.compile traces, and the one tensor
     subclasses (DTensor) take so that their op-level rules apply."""
-    y, _ = rms_norm_gated_fwd(x, gate, weight, *options)
+    y, _ = rms_norm_gated_fwd(x, gate, weight, *options.op_arguments())
     return y
 
 

@@ -15,10 +15,12 @@ class GatedNormOptions(NamedTuple):
     value once; the host path then passes the one value around instead of six arguments.
     ``group_size`` is None (the whole last dim) until :meth:`for_hidden_size` resolves it.
 
-    The field order is the order of the registered ops' schema after the tensors
-    (``torch.ops.gatednorm.rms_norm_gated_fwd``), so ``op(x, gate, weight, *options)``
-    calls it. A new option gets a field with a default, a check in :meth:`checked`, and
-    its place in ``gatednorm.functional.rms_norm_gated``'s keywords and lookup key.
+    The first six fields are the registered ops' schema after the tensors
+    (``torch.ops.gatednorm.rms_norm_gated_fwd``): :meth:`op_arguments`. A new option (an
+    output quantization, say) gets a field with a default after them, a check in
+    :meth:`checked`, its keyword in ``gatednorm.functional.rms_norm_gated`` and
+    ``RMSNormGated``, its place in the raw tuple that ``gatednorm.dispatch.call_key`` reads,
+    and, when it needs other kernels, its own exit in ``gatednorm.dispatch.run``.
     """
 
     eps: float = 1e-6
@@ -44,3 +46,8 @@ class GatedNormOptions(NamedTuple):
         """These options with group_size an int dividing ``hidden_size`` (ValueError if it
         does not divide it)."""
         return self._replace(group_size=check_group_size(self.group_size, hidden_size))
+
+    def op_arguments(self) -> tuple:
+        """The values the registered ops take after their tensors, in schema order."""
+        return (self.eps, self.zero_centered_gamma, self.activation, self.norm_before_gate,
+                self.group_size, self.rounding)

@@ -28,7 +28,7 @@ class MarkedTensor(torch.Tensor):
 
 def _registered_op(x, gate, weight, **options):
     checked = GatedNormOptions.checked(**options).for_hidden_size(x.shape[-1])
-    y, rstd = FWD(x, gate, weight, *checked)
+    y, rstd = FWD(x, gate, weight, *checked.op_arguments())
     assert rstd.shape == (*x.shape[:-1], x.shape[-1] // checked.group_size)
     assert rstd.dtype == torch.float32
     return y

@@ -15,10 +15,11 @@ def test_defaults_are_rms_norm_gateds_defaults():
         name: keywords[name].default for name in GatedNormOptions._fields}
 
 
-def test_fields_follow_the_registered_ops_schema():
-    # op(x, gate, weight, *options) relies on it.
+def test_op_arguments_follow_the_registered_ops_schema():
     schema = torch.ops.gatednorm.rms_norm_gated_fwd.default._schema
-    assert [a.name for a in schema.arguments][3:] == list(GatedNormOptions._fields)
+    names = [a.name for a in schema.arguments][3:]
+    options = GatedNormOptions.checked(eps=0.5, activation="sigmoid", group_size=4)
+    assert options.op_arguments() == tuple(getattr(options, name) for name in names)
 
 
 def test_equal_options_hash_equal_and_are_immutable():
