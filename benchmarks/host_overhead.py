@@ -21,7 +21,7 @@ import triton
 from triton.runtime.driver import driver
 
 import gatednorm
-from gatednorm import ops
+from gatednorm import GatedNormOptions, ops
 from gatednorm.kernels import launch
 from gatednorm.validation import check_group_size, check_options, check_tensors
 
@@ -72,8 +72,8 @@ def main() -> None:
         "triton launch (kernel[grid])": None,
         "launch.forward, no rstd (cached relaunch)": lambda: launch.forward(
             x, gate, weight, eps=1e-6, traceable=False, store_rstd=False, **options),
-        "ops.eager_rms_norm_gated, no grad": lambda: ops.eager_rms_norm_gated(
-            x, gate, weight, 1e-6, False, "silu", True, 128, "te"),
+        "ops.eager, no grad": lambda: ops.eager(
+            x, gate, weight, GatedNormOptions(1e-6, False, "silu", True, 128, "te")),
         "rms_norm_gated, no grad (bound inference launcher)": lambda: gatednorm.rms_norm_gated(
             x, gate, weight),
         "rms_norm_gated, grad enabled (autograd.Function)": lambda: gatednorm.rms_norm_gated(
@@ -81,7 +81,7 @@ def main() -> None:
         "launch.backward (cached relaunch, 3 launches)": lambda: launch.backward(
             dy, x, gate, weight, rstd_ref, traceable=False, **options),
     }
-    plan = next(p for k, p in launch._PLANS.items() if k[0] == "fwd")
+    plan = next(p for p in launch.cached_plans("fwd") if p.cached_launch is not None)
     plan_args = (x, gate, weight, y, y, *plan.layout_args, 1e-6)
     steps["triton launch (kernel[grid])"] = lambda: plan.kernel[plan.grid](*plan_args,
                                                                           **plan.meta)

@@ -302,7 +302,7 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                 config_module.forward_config = lambda group_size, c=config: c
                 if target is not None:
                     config_module.FORWARD_TARGET_PROGRAMS = target
-                launch._PLANS.clear()
+                launch.clear_cache()
                 try:
                     ms = time_call(lambda x, gate, weight, dy: launch.forward(
                         x, gate, weight, eps=1e-6, store_rstd=forward_store_rstd, **common))
@@ -318,7 +318,7 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
         saved_target = config_module.BACKWARD_TARGET_PROGRAMS
         library_backward_config = config_module.backward_config
         saved_min_rows = config_module.MIN_ROWS_PER_CHUNK
-        launch._PLANS.clear()
+        launch.clear_cache()
         rstds = {}
 
         def rstd_of(x, gate, weight):
@@ -334,7 +334,7 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                 config_module.backward_config = lambda group_size, c=config: c
                 config_module.BACKWARD_TARGET_PROGRAMS = target
                 config_module.MIN_ROWS_PER_CHUNK = min_rows or saved_min_rows
-                launch._PLANS.clear()
+                launch.clear_cache()
                 try:
                     ms = time_call(lambda x, gate, weight, dy: launch.backward(
                         dy, x, gate, weight, rstd_of(x, gate, weight), **common))
@@ -342,7 +342,7 @@ def sweep_shape(shape: Shape, passes: list[str], stages: list[int], targets: lis
                     print("bwd failed", shape.name, config, repr(error)[:300], flush=True)
                     continue
                 # fit_shared_memory may have dropped the prefetch: record what ran.
-                plan = next(p for key, p in launch._PLANS.items() if key[0] == "bwd")
+                (plan,) = launch.cached_plans("bwd")
                 ran = replace(config, loop_stages=plan.meta["LOOP_STAGES"])
                 record("bwd", ran, target, ms, kernel, 10, min_rows)
             forget_compiled(kernel)

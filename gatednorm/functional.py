@@ -1,70 +1,11 @@
-"""rms_norm_gated: validate, pick the path, call it."""
+"""rms_norm_gated: the public function; the decode fast path, then the dispatcher."""
 
 from __future__ import annotations
 
 import torch
 
-from gatednorm import ops, reference
+from gatednorm import dispatch
 from gatednorm.kernels import launch
-from gatednorm.validation import (
-    check_group_size,
-    check_kernel_rows,
-    check_options,
-    check_tensors,
-)
-
-
-def _runs_fused(x: torch.Tensor) -> bool:
-    if x.dtype == torch.float64:
-        return False
-    return x.device.type == "cuda" or (ops.INTERPRET and x.device.type == "cpu")
-
-
-# Argument signatures that passed every check, mapped to what the call then does. At decode
-# size the checks cost about as much host time as the kernel launch; a model calls the op
-# with a handful of signatures, so each is checked once. A signature holds every property a
-# check reads (shapes, dtypes, devices, option values with their exact types), so a call that
-# would fail a check never matches one that passed.
-_CHECKED: dict[tuple, tuple[bool, int]] = {}
-_MAX_CHECKED = 4096
-
-
-def _signature(x, gate, weight, eps, zero_centered_gamma, activation, norm_before_gate,
-               group_size, rounding) -> tuple | None:
-    """The call's signature, or None when an argument has another type than the common ones
-    (such calls always take the full checks)."""
-    if (type(x) is not torch.Tensor or type(gate) is not torch.Tensor
-            or type(eps) is not float or type(zero_centered_gamma) is not bool
-            or type(norm_before_gate) is not bool or type(activation) is not str
-            or type(rounding) is not str
-            or not (group_size is None or type(group_size) is int)):
-        return None
-    if weight is None:
-        weight_part = None
-    elif isinstance(weight, torch.Tensor):
-        weight_part = (weight.shape, weight.dtype, weight.device)
-    else:
-        return None
-    return (x.shape, x.dtype, x.device, gate.shape, gate.dtype, gate.device, weight_part,
-            eps, zero_centered_gamma, activation, norm_before_gate, group_size, rounding)
-
-
-def _needs_grad(x: torch.Tensor, gate: torch.Tensor, weight) -> bool:
-    return torch.is_grad_enabled() and (
-        x.requires_grad or gate.requires_grad or (weight is not None and weight.requires_grad))
-
-
-def _check(x, gate, weight, eps, zero_centered_gamma, activation, norm_before_gate,
-           group_size, rounding) -> tuple[bool, int]:
-    """Every argument check; returns (runs the fused kernels, the group size as an int)."""
-    check_options(eps=eps, activation=activation, rounding=rounding,
-                  zero_centered_gamma=zero_centered_gamma, norm_before_gate=norm_before_gate)
-    check_tensors(x, gate, weight, zero_centered_gamma)
-    group = check_group_size(group_size, x.shape[-1])
-    fused = _runs_fused(x)
-    if fused:
-        check_kernel_rows(x)
-    return fused, group
 
 
 def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None = None, *,
@@ -82,9 +23,13 @@ def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | N
         x: [..., D], bfloat16, float16 or float32 (float64 runs the eager reference, for
             gradcheck). Any strides on the leading dims; a non-unit last-dim stride is
             copied once.
-        gate: x's shape, in x's dtype or float32. Any strides, as for x (a slice of a
-            projection output is read in place).
-        weight: [D] in x's dtype or float32, or None.
+        gate: x's shape, bfloat16, float16 or float32 whatever x's 16- or 32-bit dtype
+            (e.g. an fp32 gate beside bf16 x, or a bf16 gate beside fp32 x); float64 when
+            x is float64. Any strides, as for x (a slice of a projection output is read in
+            place).
+        weight: [D] or None; bfloat16, float16 or float32 whatever x's 16- or 32-bit dtype
+            (e.g. an fp32 master weight), float64 when x is float64. Every input is read
+            into fp32.
         eps: added to the mean square, >= 0.
         zero_centered_gamma: scale by ``1 + weight`` (weights initialized at zero).
         activation: ``"silu"`` or ``"sigmoid"``.
@@ -105,56 +50,21 @@ def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | N
 
     CUDA tensors run the Triton kernels; CPU tensors run the reference composite, or the
     Triton kernels through the interpreter when ``TRITON_INTERPRET=1`` is set. Under
+    torch.compile, and for tensor subclasses such as DTensor, the call goes through the
+    registered op ``torch.ops.gatednorm.rms_norm_gated_fwd`` (gatednorm.dispatch). Under
     ``torch.autocast`` the inputs are taken as given (no cast is inserted).
     """
-    compiling = torch.compiler.is_compiling()
-    signature = None if compiling else _signature(
-        x, gate, weight, eps, zero_centered_gamma, activation, norm_before_gate, group_size,
-        rounding)
-    inference = None
-    if signature is not None and not _needs_grad(x, gate, weight):
-        # A call that needs no gradient, with a signature and strides seen before, is one
-        # dictionary lookup away from its launch (a decode step, on a slow host, spends more
-        # time here than in the kernel).
-        inference = ("inference", signature, x.stride(), gate.stride(),
-                     None if weight is None else weight.stride())
-        launcher = launch.inference_launcher(inference)
+    raw_options = (eps, zero_centered_gamma, activation, norm_before_gate, group_size, rounding)
+    key = None if torch.compiler.is_compiling() else dispatch.call_key(x, gate, weight,
+                                                                        raw_options)
+    if key is not None and not (torch.is_grad_enabled() and (
+            x.requires_grad or gate.requires_grad
+            or (weight is not None and weight.requires_grad))):
+        # A call that needs no gradient, with a key seen before, is one dictionary lookup
+        # away from its launch: a decode step, on a slow host, spends more time here than in
+        # the kernel. The key holds every property a check reads, so a call that would fail
+        # a check never matches one that passed.
+        launcher = launch.inference_launcher(key)
         if launcher is not None:
             return launcher(x, gate, weight)
-    checked = _CHECKED.get(signature) if signature is not None else None
-    if checked is None:
-        checked = _check(x, gate, weight, eps, zero_centered_gamma, activation,
-                         norm_before_gate, group_size, rounding)
-        if signature is not None:
-            if len(_CHECKED) >= _MAX_CHECKED:
-                _CHECKED.clear()
-            _CHECKED[signature] = checked
-    fused, group = checked
-    eps = float(eps)
-
-    if not fused:
-        return reference.rms_norm_gated(
-            x, gate, weight, eps=eps, zero_centered_gamma=zero_centered_gamma,
-            activation=activation, norm_before_gate=norm_before_gate, group_size=group,
-            rounding=rounding)
-
-    # The kernels need a unit-stride last dim; every other stride is handled in place.
-    copied = False
-    if x.stride(-1) != 1:
-        x, copied = x.contiguous(), True
-    if gate.stride(-1) != 1:
-        gate, copied = gate.contiguous(), True
-    if weight is not None and weight.stride(-1) != 1:
-        weight, copied = weight.contiguous(), True
-
-    if compiling:
-        y, _ = ops.rms_norm_gated_fwd(x, gate, weight, eps, zero_centered_gamma, activation,
-                                      norm_before_gate, group, rounding)
-        return y
-    if inference is not None and not copied:
-        return launch.inference_forward(
-            inference, x, gate, weight, eps=eps, zero_centered_gamma=zero_centered_gamma,
-            activation=activation, norm_before_gate=norm_before_gate, group_size=group,
-            rounding=rounding)
-    return ops.eager_rms_norm_gated(x, gate, weight, eps, zero_centered_gamma, activation,
-                                    norm_before_gate, group, rounding)
+    return dispatch.run(x, gate, weight, raw_options, key)

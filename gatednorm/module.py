@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from gatednorm.functional import rms_norm_gated
-from gatednorm.validation import check_group_size, check_options
+from gatednorm.options import GatedNormOptions
 
 
 class RMSNormGated(nn.Module):
@@ -23,16 +23,13 @@ class RMSNormGated(nn.Module):
         super().__init__()
         if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1:
             raise ValueError(f"hidden_size must be a positive int, got {hidden_size!r}")
-        check_options(eps=eps, activation=activation, rounding=rounding,
-                      zero_centered_gamma=zero_centered_gamma, norm_before_gate=norm_before_gate)
-        check_group_size(group_size, hidden_size)
+        options = GatedNormOptions.checked(
+            eps=eps, zero_centered_gamma=zero_centered_gamma, activation=activation,
+            norm_before_gate=norm_before_gate, group_size=group_size, rounding=rounding)
+        options.for_hidden_size(hidden_size)  # raises unless group_size divides hidden_size
         self.hidden_size = hidden_size
-        self.eps = eps
-        self.zero_centered_gamma = zero_centered_gamma
-        self.activation = activation
-        self.norm_before_gate = norm_before_gate
-        self.group_size = group_size
-        self.rounding = rounding
+        # One validated value; eps, activation, ... below read from it and are read-only.
+        self.options = options
         self.weight = nn.Parameter(torch.empty(hidden_size, device=device, dtype=dtype))
         self.reset_parameters()
 
@@ -43,11 +40,20 @@ class RMSNormGated(nn.Module):
             else:
                 self.weight.fill_(1.0)
 
+    eps = property(lambda self: self.options.eps)
+    zero_centered_gamma = property(lambda self: self.options.zero_centered_gamma)
+    activation = property(lambda self: self.options.activation)
+    norm_before_gate = property(lambda self: self.options.norm_before_gate)
+    group_size = property(lambda self: self.options.group_size)
+    rounding = property(lambda self: self.options.rounding)
+
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        options = self.options
         return rms_norm_gated(
-            x, gate, self.weight, eps=self.eps, zero_centered_gamma=self.zero_centered_gamma,
-            activation=self.activation, norm_before_gate=self.norm_before_gate,
-            group_size=self.group_size, rounding=self.rounding)
+            x, gate, self.weight, eps=options.eps,
+            zero_centered_gamma=options.zero_centered_gamma, activation=options.activation,
+            norm_before_gate=options.norm_before_gate, group_size=options.group_size,
+            rounding=options.rounding)
 
     def extra_repr(self) -> str:
         return (f"{self.hidden_size}, eps={self.eps}, zero_centered_gamma={self.zero_centered_gamma}, "

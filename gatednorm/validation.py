@@ -36,12 +36,17 @@ def check_options(*, eps, activation, rounding, zero_centered_gamma, norm_before
         raise TypeError(f"norm_before_gate must be a bool, got {type(norm_before_gate).__name__}")
 
 
+def check_group_size_type(group_size) -> None:
+    if group_size is not None and (isinstance(group_size, bool)
+                                   or not isinstance(group_size, numbers.Integral)):
+        raise TypeError(f"group_size must be an int or None, got {type(group_size).__name__}")
+
+
 def check_group_size(group_size, hidden_size: int) -> int:
     """The group size as an int (the whole last dim for None)."""
     if group_size is None:
         return hidden_size
-    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral):
-        raise TypeError(f"group_size must be an int or None, got {type(group_size).__name__}")
+    check_group_size_type(group_size)
     if group_size < 1 or hidden_size % group_size != 0:
         raise ValueError(
             f"group_size must be a positive divisor of the last dim ({hidden_size}), "

@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_map  # noqa: E402
 
 import gatednorm  # noqa: E402
 from gatednorm import ops, reference  # noqa: E402
+from gatednorm.kernels import launch  # noqa: E402
 
 from gatednorm.kernels import config as _config  # noqa: E402
 
@@ -47,11 +48,36 @@ def pytest_configure(config):
             "filterwarnings", f"ignore:{message}:RuntimeWarning:triton.runtime.interpreter")
 
 
+# The GPU suite's test modules need a CUDA device and compiled kernels: without them they are
+# not collected at all (rather than collected and skipped by the thousand), so that the
+# summary's counts are the CPU suite's. tests/gpu/test_helpers.py checks the GPU suite's
+# helpers on CPU tensors and always runs.
+GPU_SUITE_RUNS = torch.cuda.is_available() and os.environ["TRITON_INTERPRET"] != "1"
+collect_ignore_glob = [] if GPU_SUITE_RUNS else ["gpu/test_gpu_*.py"]
+
+
+def _suite_notes(config) -> list[str]:
+    notes = []
+    if not GPU_SUITE_RUNS:
+        notes.append("tests/gpu/test_gpu_*.py not collected: no CUDA device or "
+                     "TRITON_INTERPRET=1 (GPU suite: run scripts/run_gpu_suite.sh on a GPU)")
+    if config.getoption("markexpr") == "not slow":
+        notes.append("slow tests deselected (long-row and many-row interpreter cases): "
+                     "run them with -m slow")
+    return notes
+
+
 def pytest_report_header(config):
     import triton
 
-    return (f"gatednorm CPU suite: TRITON_INTERPRET={os.environ['TRITON_INTERPRET']}, "
-            f"torch {torch.__version__}, triton {triton.__version__}")
+    return [f"gatednorm CPU suite: TRITON_INTERPRET={os.environ['TRITON_INTERPRET']}, "
+            f"torch {torch.__version__}, triton {triton.__version__}", *_suite_notes(config)]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    # -q hides the header: say it again at the end, where the counts are.
+    for note in _suite_notes(config):
+        terminalreporter.write_line(note)
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +89,7 @@ def _seed():
 @pytest.fixture(autouse=True)
 def _table_tiles(monkeypatch):
     """Tests run the launch table's tiles: the small shapes they use would otherwise all take
-    the decode tile (config.few_rows_forward_config), and the table's multi-row tiles, row
+    the decode tile (plan.few_rows_forward_config), and the table's multi-row tiles, row
     masks and row loop would go untested. Tests of the decode tile ask for ``decode_tile``."""
     monkeypatch.setattr(_config, "FORWARD_FEW_PROGRAMS", 0)
 
@@ -74,9 +100,21 @@ def decode_tile(monkeypatch):
     from gatednorm.kernels import launch
 
     monkeypatch.setattr(_config, "FORWARD_FEW_PROGRAMS", DECODE_FEW_PROGRAMS)
-    launch._PLANS.clear()
+    launch.clear_cache()
     yield
-    launch._PLANS.clear()
+    launch.clear_cache()
+
+
+@pytest.fixture
+def reference_path(monkeypatch):
+    """CPU tensors run the eager reference composite (what a CPU user gets without
+    TRITON_INTERPRET), also in a run that set TRITON_INTERPRET=1 for the kernel tests. The
+    host path's cache is emptied before and after: a call checked or launched under the
+    interpreter would otherwise keep running the kernels, and the other way round."""
+    monkeypatch.setattr(ops, "INTERPRET", False)
+    launch.clear_cache()
+    yield
+    launch.clear_cache()
 
 
 @pytest.fixture

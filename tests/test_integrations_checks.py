@@ -26,7 +26,6 @@ from test_integrations_transformers import (  # noqa: E402
     HIDDEN,
     assert_bitwise,
     bit_exact,
-    reference_path,  # noqa: F401 - the fixture behind bit_exact
 )
 
 PATH = "transformers.models.mamba2.modeling_mamba2"

@@ -25,7 +25,6 @@ from test_integrations_models import VOCAB, _forward_backward, _tiny_model  # no
 from test_integrations_transformers import (  # noqa: E402
     assert_bitwise,
     bit_exact,
-    reference_path,  # noqa: F401 - the fixture behind bit_exact
 )
 
 _qwen3_next = transformers.models.qwen3_next.modeling_qwen3_next.Qwen3NextRMSNormGated

@@ -23,19 +23,6 @@ from gatednorm.kernels import launch
 from gatednorm.integrations.megatron import MegatronGatedRMSNorm, gdn_gated_norm
 
 
-def use_reference_path(monkeypatch):
-    """CPU tensors run the eager reference composite, also when the suite set TRITON_INTERPRET."""
-    monkeypatch.setattr(ops, "INTERPRET", False)
-    # Calls already checked or launched under the interpreter would keep running the kernels.
-    monkeypatch.setattr(functional, "_CHECKED", {})
-    monkeypatch.setattr(launch, "_PLANS", {})
-
-
-@pytest.fixture
-def reference_path(monkeypatch):
-    use_reference_path(monkeypatch)
-
-
 bit_exact = pytest.mark.usefixtures("reference_path")
 
 
@@ -348,7 +335,7 @@ FORMULA_UNITS = {torch.float64: 2 ** 20, torch.float32: 64, torch.bfloat16: 4, t
 @pytest.mark.parametrize("dtype", [torch.float64, *DTYPES.values()],
                          ids=["fp64", *DTYPES])
 def test_follows_megatron_fused_gated_norm(dtype, zero_centered, gate_activation, path,
-                                           monkeypatch):
+                                           request):
     # Megatron's argument order and meaning (x, gate, weight, eps, zero_centered,
     # gate_activation), on GDN's [B, S, H, D] layout with the gate a strided projection slice.
     if path == "interpreter" and (not ops.INTERPRET or dtype == torch.float64):
@@ -357,7 +344,7 @@ def test_follows_megatron_fused_gated_norm(dtype, zero_centered, gate_activation
     if path == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     if path == "reference":
-        use_reference_path(monkeypatch)
+        request.getfixturevalue("reference_path")
     h, d, eps = 3, 24, 1e-5  # D = 24: Megatron's own kernel would refuse it (not a power of 2)
     inputs = _gdn_inputs(dtype, h=h, d=d, zero_centered_gamma=zero_centered)
     x, qkvzba, weight, dy = (t.to("cuda" if path == "cuda" else "cpu") for t in inputs)

@@ -27,7 +27,6 @@ from test_integrations_transformers import (  # noqa: E402
     _source_module,
     assert_bitwise,
     bit_exact,
-    reference_path,  # noqa: F401 - the fixture behind bit_exact
 )
 
 

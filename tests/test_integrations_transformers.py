@@ -30,16 +30,6 @@ from gatednorm.integrations import convert  # noqa: E402
 from gatednorm.integrations.transformers import TransformersRMSNormGated  # noqa: E402
 
 
-@pytest.fixture
-def reference_path(monkeypatch):
-    """CPU tensors run the eager reference composite, what a CPU user gets without
-    TRITON_INTERPRET, also in a run that set TRITON_INTERPRET=1 for the kernel tests."""
-    monkeypatch.setattr(ops, "INTERPRET", False)
-    # Calls already checked or launched under the interpreter would keep running the kernels.
-    monkeypatch.setattr(functional, "_CHECKED", {})
-    monkeypatch.setattr(launch, "_PLANS", {})
-
-
 bit_exact = pytest.mark.usefixtures("reference_path")
 
 HIDDEN = 32

@@ -5,12 +5,15 @@ contiguous copies (forward and all gradients, bitwise), and the contiguous resul
 checked against fp64 by the accuracy tests or here.
 """
 
+import dataclasses
+
 import pytest
 import torch
 import triton
 
 import gatednorm
 from gatednorm.kernels import config, launch, layout
+from gatednorm.kernels import plan as planner
 
 from conftest import (
     assert_finite,
@@ -244,31 +247,39 @@ def test_odd_group_sizes(d, group_size, norm_before_gate):
 
 # The forward holds groups of up to 16384 elements in one tile, the backward up to 8192; longer
 # groups take the "long row" kernels: the forward loops over a row's columns, the backward
-# cuts the group into column blocks over two launches.
+# cuts the group into column blocks over two launches. Interpreted, each case costs seconds
+# (per block of columns, whatever the block's width): the fast set keeps one case of every
+# kernel pairing, order and convention, the slow set the rest.
+slow = pytest.mark.slow
 LONG_ROWS = [
     pytest.param((2, 20000), None, torch.bfloat16, True, "te", id="D20000-bf16-norm_first-te"),
     pytest.param((2, 20000), None, torch.float16, False, "te", id="D20000-fp16-gate_first-te"),
-    pytest.param((2, 20000), None, torch.float16, True, "hf", id="D20000-fp16-norm_first-hf"),
+    pytest.param((2, 20000), None, torch.float16, True, "hf", id="D20000-fp16-norm_first-hf",
+                 marks=slow),
     pytest.param((2, 20000), None, torch.bfloat16, False, "fp32",
                  id="D20000-bf16-gate_first-fp32"),
     pytest.param((1, 40000), 20000, torch.float16, True, "te",
-                 id="D40000-group20000-fp16-norm_first-te"),
+                 id="D40000-group20000-fp16-norm_first-te", marks=slow),
     pytest.param((1, 40000), 20000, torch.bfloat16, False, "hf",
-                 id="D40000-group20000-bf16-gate_first-hf"),
+                 id="D40000-group20000-bf16-gate_first-hf", marks=slow),
     pytest.param((2, 16385), None, torch.float16, True, "te", id="D16385-first_long_forward"),
     pytest.param((2, 16384), None, torch.float16, False, "te", id="D16384-last_tile_forward"),
     pytest.param((2, 10000), None, torch.bfloat16, True, "hf", id="D10000-long_backward_only"),
 ]
 
 
-def _is_long_row(group_size: int) -> tuple[bool, bool]:
-    return (config.forward_config(group_size).long_row,
-            config.backward_config(group_size).long_row)
+def _long_row_pairings(cases) -> set:
+    widths = [case.values[1] or case.values[0][-1] for case in cases]
+    return {(config.forward_config(w).long_row, config.backward_config(w).long_row)
+            for w in widths}
 
 
 def test_long_row_cases_cover_every_kernel_pairing():
-    pairings = {_is_long_row(case.values[1] or case.values[0][-1]) for case in LONG_ROWS}
-    assert pairings == {(True, True), (False, True)}
+    assert _long_row_pairings(LONG_ROWS) == {(True, True), (False, True)}
+    fast = [case for case in LONG_ROWS if not case.marks]
+    assert _long_row_pairings(fast) == {(True, True), (False, True)}
+    assert {case.values[3] for case in fast} == {True, False}
+    assert {case.values[4] for case in fast} == {"te", "hf", "fp32"}
 
 
 @pytest.mark.parametrize("shape, group_size, dtype, norm_before_gate, rounding", LONG_ROWS)
@@ -277,28 +288,54 @@ def test_long_rows(shape, group_size, dtype, norm_before_gate, rounding):
                          norm_before_gate=norm_before_gate)
 
 
+def _record_backward_chunking(monkeypatch) -> list:
+    """The (rows, column_blocks, block_rows, ...) arguments and the (rows_per_chunk,
+    num_chunks) result of every backward partition the launcher computes."""
+    calls = []
+    real = planner.backward_chunking
+
+    def spy(*args):
+        result = real(*args)
+        calls.append((args, result))
+        return result
+
+    monkeypatch.setattr(planner, "backward_chunking", spy)
+    return calls
+
+
+def _assert_any_column_block_width(monkeypatch, shape, group_size, block_n, norm_before_gate):
+    # The block width changes only the order of the row's dot product and of dweight's sums:
+    # dgate after the norm does not depend on either and keeps its bits.
+    torch.manual_seed(0)
+    default = _check_against_truth(shape, torch.float16, group_size=group_size,
+                                   norm_before_gate=norm_before_gate, rounding="te")
+    long_row = config.table_entry(config.BACKWARD, group_size)[0]
+    assert long_row.kind == config.LONG_ROW
+    table = {key: entry for key, entry in config.TABLE.items() if entry is not long_row}
+    table[(config.BACKWARD, block_n, config.LONG_ROW)] = dataclasses.replace(long_row,
+                                                                             width=block_n)
+    monkeypatch.setattr(config, "TABLE", table)
+    launch.clear_cache()
+    chunkings = _record_backward_chunking(monkeypatch)
+    torch.manual_seed(0)
+    split = _check_against_truth(shape, torch.float16, group_size=group_size,
+                                 norm_before_gate=norm_before_gate, rounding="te")
+    launch.clear_cache()
+    assert [args[1] for args, _ in chunkings] == [2 * triton.cdiv(group_size, block_n)]
+    if norm_before_gate:
+        assert torch.equal(split.dgate, default.dgate)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("block_n", [1024, 2048, 8192], ids=lambda n: f"blocks_of_{n}")
 @pytest.mark.parametrize("norm_before_gate", [True, False], ids=["norm_first", "gate_first"])
 def test_long_row_backward_in_any_column_block_width(monkeypatch, block_n, norm_before_gate):
     # Two groups of 20000 cut into 20, 10 or 3 blocks (the last one partial; 20 and 10 are
     # not powers of two, so the dot products are read through a masked DOT_BLOCKS tile).
-    # The block width changes only the order of the row's dot product and of dweight's sums:
-    # dgate after the norm does not depend on either and keeps its bits.
-    shape, group_size = (3, 40000), 20000
-    torch.manual_seed(0)
-    default = _check_against_truth(shape, torch.float16, group_size=group_size,
-                                   norm_before_gate=norm_before_gate, rounding="te")
-    monkeypatch.setattr(config, "BACKWARD_LONG_ROW", (block_n, 4, 3))
-    monkeypatch.setattr(launch, "_PLANS", {})
-    torch.manual_seed(0)
-    split = _check_against_truth(shape, torch.float16, group_size=group_size,
-                                 norm_before_gate=norm_before_gate, rounding="te")
-    plan = next(plan for key, plan in launch._PLANS.items() if key[0] == "bwd")
-    assert plan.column_blocks == 2 * triton.cdiv(group_size, block_n)
-    if norm_before_gate:
-        assert torch.equal(split.dgate, default.dgate)
+    _assert_any_column_block_width(monkeypatch, (3, 40000), 20000, block_n, norm_before_gate)
 
 
+@pytest.mark.slow
 def test_long_rows_with_strided_leading_dims():
     b, s, d = 2, 2, 16400
     x = torch.randn(s, b, d).to(torch.bfloat16).transpose(0, 1)
@@ -323,8 +360,9 @@ def test_row_counts(rows, dtype):
 
 
 @pytest.mark.parametrize("target_programs", [1, 2, 3], ids=lambda n: f"{n}_programs")
-@pytest.mark.parametrize("shape", [(199, 64), (37, 4096), (5, 9000)],
-                         ids=["tile", "wide_row_tile", "long_row"])
+@pytest.mark.parametrize("shape", [
+    pytest.param((199, 64), id="tile"), pytest.param((37, 4096), id="wide_row_tile"),
+    pytest.param((5, 9000), id="long_row", marks=pytest.mark.slow)])
 def test_any_row_partition_gives_the_same_dx_and_dgate(monkeypatch, target_programs, shape):
     # Few chunks: each program loops over several tiles (the last chunk partly full), in a
     # long row's two launches too. dx and dgate do not depend on the partition; dweight only
@@ -335,15 +373,18 @@ def test_any_row_partition_gives_the_same_dx_and_dgate(monkeypatch, target_progr
     block_rows = tile.block_rows
     column_blocks = triton.cdiv(shape[-1], tile.block_n)  # 1 unless the row is split
     monkeypatch.setattr(config, "BACKWARD_TARGET_PROGRAMS", target_programs)
-    monkeypatch.setattr(config, "BACKWARD_TILE_TARGET_PROGRAMS", {})
-    monkeypatch.setattr(config, "BACKWARD_PARTIAL_TILE_TARGET_PROGRAMS", {})
+    # Entries with a measured count of their own take the default count instead.
+    monkeypatch.setattr(config, "TABLE", {
+        key: dataclasses.replace(entry, programs=None) if entry.pass_ == config.BACKWARD
+        else entry for key, entry in config.TABLE.items()})
     # Launch plans are cached per shape: start from an empty cache so the patch is used.
-    monkeypatch.setattr(launch, "_PLANS", {})
+    launch.clear_cache()
+    chunkings = _record_backward_chunking(monkeypatch)
     rows_per_chunk, num_chunks = config.backward_chunking(shape[0], column_blocks, block_rows)
     assert num_chunks <= target_programs and rows_per_chunk > block_rows
     partitioned = fused(x, gate, weight, dy)
-    backward_plans = [plan for key, plan in launch._PLANS.items() if key[0] == "bwd"]
-    assert [plan.grid for plan in backward_plans] == [(num_chunks * column_blocks,)]
+    launch.clear_cache()
+    assert [result for _, result in chunkings] == [(rows_per_chunk, num_chunks)]
     assert torch.equal(partitioned.y, default.y)
     assert torch.equal(partitioned.dx, default.dx)
     assert torch.equal(partitioned.dgate, default.dgate)

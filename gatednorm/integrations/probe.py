@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from gatednorm import reference
-from gatednorm.functional import _runs_fused
+from gatednorm.dispatch import runs_fused
 from gatednorm.integrations.calling import forward_like_source, ungated
 from gatednorm.integrations.shapes import GatedNormSpec
 
@@ -111,7 +111,7 @@ def check(source: Call, replacement: Call, spec: GatedNormSpec, weight: torch.Te
     x, gate, probe_weight = probe_inputs(spec, weight)
     # flash-linear-attention's kernel computes silu as g * sigmoid(g), torch as one op: its
     # conversion is held to the tolerance even where the replacement runs eager PyTorch.
-    exact = not _runs_fused(x) and spec.shape != "fla"
+    exact = not runs_fused(x) and spec.shape != "fla"
     for case_gate in ((gate, None) if ungated_call else (gate,)):
         case = "with a gate" if case_gate is not None else "without a gate"
         try:

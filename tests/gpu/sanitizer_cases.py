@@ -26,6 +26,7 @@ import torch  # noqa: E402
 import gatednorm  # noqa: E402
 from gatednorm import reference  # noqa: E402
 from gatednorm.kernels import config, launch  # noqa: E402
+from gatednorm.kernels import plan as planner  # noqa: E402
 from helpers import (  # noqa: E402
     BF16,
     BF16_GATE_FP32,
@@ -75,7 +76,7 @@ CASES = (
     Case("head + tail tile 2 groups of 640 gate-first", (37, 1280),
          Options("te", norm_before_gate=False), BF16, 640),
 )
-# Run with the decode tile on (config.few_rows_forward_config); CASES run without it, since
+# Run with the decode tile on (plan.few_rows_forward_config); CASES run without it, since
 # their small shapes would otherwise all take it and leave the table's tiles unsanitized.
 DECODE_CASES = (
     Case("decode tile 1x32x128 sliced gate", (1, 32, 128), Options("te"), layout="projection"),
@@ -88,8 +89,8 @@ def kernel_paths(case: Case) -> str:
     rows = 1
     for size in case.shape[:-1]:
         rows *= size
-    fwd = config.few_rows_forward_config(config.forward_config(group), rows,
-                                         case.shape[-1] // group)
+    fwd = planner.few_rows_forward_config(config.forward_config(group), rows,
+                                          case.shape[-1] // group)
     bwd = config.backward_config(group)
 
     def name(launch_config, loop_name):
@@ -134,7 +135,7 @@ def main() -> int:
     decode_few_programs = config.FORWARD_FEW_PROGRAMS
     for case in CASES + DECODE_CASES:
         config.FORWARD_FEW_PROGRAMS = decode_few_programs if case in DECODE_CASES else 0
-        launch._PLANS.clear()
+        launch.clear_cache()
         start = time.perf_counter()
         failures = run(case)
         torch.cuda.synchronize()

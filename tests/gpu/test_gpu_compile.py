@@ -282,7 +282,7 @@ def test_opcheck(weight):
                                                      *op_options)
     torch.library.opcheck(torch.ops.gatednorm.rms_norm_gated_bwd.default,
                           (inputs.dy, inputs.x, inputs.gate, inputs.weight, rstd,
-                           *op_options[1:]))
+                           *op_options))
 
 
 def test_registered_op_matches_eager_function():

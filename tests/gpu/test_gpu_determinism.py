@@ -80,13 +80,13 @@ def test_programmatic_launch_gives_the_stream_order_bits(case, monkeypatch):
         pytest.skip("programmatic dependent launch needs sm_90 or newer: not used here")
     inputs = make_inputs(case.shape, case.dtypes, case.options, layout=case.layout)
     kwargs = case.options.kwargs(case.group_size)
-    monkeypatch.setattr(launch, "_PLANS", {})
+    launch.clear_cache()
     monkeypatch.setattr(config, "BACKWARD_PROGRAMMATIC_LAUNCH", False)
     want = forward_backward(gatednorm.rms_norm_gated, inputs, kwargs)
-    launch._PLANS.clear()
+    launch.clear_cache()
     monkeypatch.setattr(config, "BACKWARD_PROGRAMMATIC_LAUNCH", True)
     chained = forward_backward(gatednorm.rms_norm_gated, inputs, kwargs)
-    backward_plan = next(plan for key, plan in launch._PLANS.items() if key[0] == "bwd")
+    (backward_plan,) = launch.cached_plans("bwd")
     assert backward_plan.reduce_launches is None or backward_plan.reduce_launches[0].meta[
         "WAIT_FOR_PRIOR_GRID"], "the plan does not chain its launches"
     for run in range(RUNS):

@@ -206,7 +206,7 @@ def test_2_31_minus_1_rows_pass_the_row_check():
     check_kernel_rows(torch.empty(1, 16).expand(MAX_KERNEL_ROWS, 16))
 
 
-# The checks run once per argument signature (functional._CHECKED); a bad call must raise
+# The checks run once per argument signature (cached in launch.cached); a bad call must raise
 # even right after a good call with the same tensors.
 _GOOD = dict(eps=1e-6, zero_centered_gamma=True, activation="silu", norm_before_gate=True,
              group_size=8, rounding="te")
@@ -257,12 +257,13 @@ def test_a_bad_tensor_raises_after_a_good_call(change):
 
 
 def test_the_checks_run_once_per_signature(monkeypatch):
-    from gatednorm import functional
+    from gatednorm import dispatch
+    from gatednorm.kernels import launch
 
     calls = []
-    real_check = functional._check
-    monkeypatch.setattr(functional, "_check", lambda *a: calls.append(1) or real_check(*a))
-    monkeypatch.setattr(functional, "_CHECKED", {})
+    real_check = dispatch._check
+    monkeypatch.setattr(dispatch, "_check", lambda *a: calls.append(1) or real_check(*a))
+    launch.clear_cache()
     x, gate, weight = _inputs((3, 16))
     for _ in range(3):
         gatednorm.rms_norm_gated(x, gate, weight, **_GOOD)
