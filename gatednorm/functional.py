@@ -70,7 +70,7 @@ def _check(x, gate, weight, eps, zero_centered_gamma, activation, norm_before_ga
 def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None = None, *,
                    eps: float = 1e-6, zero_centered_gamma: bool = False,
                    activation: str = "silu", norm_before_gate: bool = True,
-                   group_size: int | None = None, rounding: str = "te") -> torch.Tensor:
+                   group_size: int | None = None, rounding: str = "te", quantize=None):
     """Gated RMSNorm, fused: ``y = norm(x) * act(gate)`` or ``y = norm(x * act(gate))``.
 
     ``norm(h) = h / sqrt(mean(h^2) + eps) * gamma`` over each group of ``group_size``
@@ -106,7 +106,17 @@ def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | N
     CUDA tensors run the Triton kernels; CPU tensors run the reference composite, or the
     Triton kernels through the interpreter when ``TRITON_INTERPRET=1`` is set. Under
     ``torch.autocast`` the inputs are taken as given (no cast is inserted).
+
+    ``quantize`` (a format name or a ``gatednorm.quantize.Float8Format``): return the output
+    quantized to FP8 as a ``gatednorm.quantize.QuantizedOutput`` (docs/quantized.md).
     """
+    if quantize is not None:
+        from gatednorm.quantize import quantized_rms_norm_gated
+
+        return quantized_rms_norm_gated(
+            x, gate, weight, quantize=quantize, eps=eps, zero_centered_gamma=zero_centered_gamma,
+            activation=activation, norm_before_gate=norm_before_gate, group_size=group_size,
+            rounding=rounding)
     compiling = torch.compiler.is_compiling()
     signature = None if compiling else _signature(
         x, gate, weight, eps, zero_centered_gamma, activation, norm_before_gate, group_size,

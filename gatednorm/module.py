@@ -19,7 +19,8 @@ class RMSNormGated(nn.Module):
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, *, zero_centered_gamma: bool = False,
                  activation: str = "silu", norm_before_gate: bool = True,
-                 group_size: int | None = None, rounding: str = "te", device=None, dtype=None):
+                 group_size: int | None = None, rounding: str = "te", quantize=None,
+                 device=None, dtype=None):
         super().__init__()
         if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1:
             raise ValueError(f"hidden_size must be a positive int, got {hidden_size!r}")
@@ -33,6 +34,8 @@ class RMSNormGated(nn.Module):
         self.norm_before_gate = norm_before_gate
         self.group_size = group_size
         self.rounding = rounding
+        # A gatednorm.quantize format: forward returns a QuantizedOutput.
+        self.quantize = quantize
         self.weight = nn.Parameter(torch.empty(hidden_size, device=device, dtype=dtype))
         self.reset_parameters()
 
@@ -56,7 +59,7 @@ class RMSNormGated(nn.Module):
         return rms_norm_gated(
             x, gate, self.weight, eps=self.eps, zero_centered_gamma=self.zero_centered_gamma,
             activation=self.activation, norm_before_gate=self.norm_before_gate,
-            group_size=self.group_size, rounding=self.rounding)
+            group_size=self.group_size, rounding=self.rounding, quantize=self.quantize)
 
     def extra_repr(self) -> str:
         return (f"{self.hidden_size}, eps={self.eps}, zero_centered_gamma={self.zero_centered_gamma}, "

@@ -110,3 +110,13 @@ def rms_norm_gated(x, gate, weight=None, *, eps=1e-6, zero_centered_gamma=False,
     return _BY_ROUNDING[rounding](
         x, gate, weight, eps=eps, zero_centered_gamma=zero_centered_gamma,
         activation=activation, norm_before_gate=norm_before_gate, group_size=group_size)
+
+
+# The FP8 output's reference quantizers (gatednorm.quantize.reference).
+from gatednorm.quantize.reference import (  # noqa: E402,F401
+    dequantize,
+    quantize_1x128,
+    quantize_mxfp8,
+    quantize_per_tensor,
+    reference_quantize,
+)
