@@ -120,9 +120,11 @@ def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCAL
             if SCALE_KIND == 2:
                 bits = tl.math.div_rn(amax, FP8_MAX).to(tl.int32, bitcast=True)
                 exponent = tl.minimum(((bits + 0x7FFFFF) & 0x7F800000) >> 23, 254)
-                # 2**(127 - e): normal for every e in 0..254, so the product is exact.
-                inverse = ((254 - exponent) << 23).to(tl.float32, bitcast=True)
-                values = blocks * inverse[:, :, None]
+                # 2**(127 - e) as two exact power-of-two factors (2**-127 is subnormal):
+                # 2**max(127 - e, -126), then 1/2 for e = 254.
+                inverse = (tl.maximum(254 - exponent, 1) << 23).to(tl.float32, bitcast=True)
+                halving = tl.where(exponent == 254, 0.5, 1.0)
+                values = blocks * inverse[:, :, None] * halving[:, :, None]
                 scale_values = exponent.to(tl.uint8)
             else:
                 scale = fp32_scale(amax, SCALE_KIND == 1)  # [BLOCK_ROWS, BLOCKS]

@@ -57,6 +57,16 @@ def e8m0_exponent(amax: torch.Tensor) -> torch.Tensor:
     return exponent.clamp(max=_E8M0_MAX)
 
 
+def e8m0_inverse(exponent: torch.Tensor) -> torch.Tensor:
+    """2**(127 - e) for e in 0..253, 2**-126 for e = 254 (2**-127 is not a normal fp32;
+    :func:`_last_halving` supplies the last factor 1/2): exact power-of-two products."""
+    return ((254 - exponent).clamp(min=1) << 23).view(torch.float32)
+
+
+def _last_halving(exponent: torch.Tensor) -> torch.Tensor:
+    return torch.where(exponent == _E8M0_MAX, 0.5, 1.0)
+
+
 def to_fp8(values: torch.Tensor) -> torch.Tensor:
     """fp32 ``values`` saturated to +-448 and rounded into E4M3; NaN -> 0x7F."""
     nan = torch.isnan(values)
@@ -81,9 +91,8 @@ def quantize_mxfp8(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(data [tokens, K] E4M3, scales [tokens, K / 32] float8_e8m0fnu) of ``y`` [..., K]."""
     blocks = _rows(y).float().unflatten(-1, (-1, 32))
     exponent = e8m0_exponent(nan_ignoring_abs(blocks).amax(-1))
-    # 2**(127 - e) is a normal fp32 for every e in 0..254: the product is exact.
-    inverse = ((254 - exponent) << 23).view(torch.float32)
-    data = to_fp8(blocks * inverse[..., None]).flatten(-2)
+    data = to_fp8(blocks * e8m0_inverse(exponent)[..., None] * _last_halving(exponent)[..., None]
+                  ).flatten(-2)
     return data, exponent.to(torch.uint8).view(torch.float8_e8m0fnu)
 
 
