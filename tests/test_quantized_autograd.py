@@ -108,3 +108,28 @@ def test_compile_fullgraph_traces_forward_and_backward_without_recompiling(dtype
             assert torch.equal(got, want)
         frames_after_first_call = frames_after_first_call or counter.frame_count
     assert counter.frame_count == frames_after_first_call
+
+
+@pytest.mark.skipif(not ops.INTERPRET, reason="CPU kernel tests need TRITON_INTERPRET=1")
+def test_fp8_linear_backward_reaches_the_norm_and_the_weight():
+    from gatednorm.quantize.linear import (
+        dequantize_weight_128x128,
+        fp8_linear,
+        quantize_weight_128x128,
+    )
+
+    x, gate, weight = leaves((4, 256), torch.bfloat16)
+    projection = torch.randn(128, 256, dtype=torch.bfloat16, requires_grad=True)
+    result = gatednorm.rms_norm_gated(x, gate, weight, quantize="1x128_column",
+                                      group_size=128)
+    out = fp8_linear(result, projection)
+    data, scale = quantize_weight_128x128(projection.detach())
+    expected = (result.dequantize(torch.float32) @ dequantize_weight_128x128(data, scale).t())
+    assert torch.equal(out, expected.to(torch.bfloat16))
+    grad_out = torch.randn_like(out)
+    grads = grads_of(out, grad_out, (x, gate, weight, projection))
+    y = gatednorm.rms_norm_gated(x, gate, weight, group_size=128)
+    plain = grads_of(y, (grad_out @ projection.detach()), (x, gate, weight))
+    for got, want in zip(grads[:3], plain):
+        assert torch.equal(got, want)
+    assert torch.equal(grads[3], grad_out.t() @ result.dequantize())
