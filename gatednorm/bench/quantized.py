@@ -148,16 +148,21 @@ def time_case(shape: Shape, name: str, device, budget, copy_gbps: float, smoke: 
     def unfused(x, gate, weight):
         return quantizer(gatednorm.rms_norm_gated(x, gate, weight, **options))
 
-    # Same bits first: the benchmark times correct work only.
+    # Same bits first: the fused output must be the eager reference quantization of the op's
+    # y; whether the compiled quantizer (Inductor's own division and casts) agrees is recorded.
     x, gate, weight = sets[0]
     result = fused(x, gate, weight)
-    data, scale, _ = unfused(x, gate, weight)
-    status = "ok" if torch.equal(result.data.view(torch.uint8), data.view(torch.uint8)) \
+    expected, _, _ = reference_quantize(gatednorm.rms_norm_gated(x, gate, weight, **options),
+                                        fmt)
+    status = "ok" if torch.equal(result.data.view(torch.uint8), expected.view(torch.uint8)) \
         else "wrong"
+    compiled_data, _, _ = unfused(x, gate, weight)
+    compiled_matches = torch.equal(compiled_data.view(torch.uint8), expected.view(torch.uint8))
     fused_bytes, unfused_bytes = bytes_per_element(fmt, 2)
     elements = shape.tokens * shape.k
     record = dict(case=shape.name, format=name, tokens=shape.tokens, k=shape.k,
                   group_size=shape.group_size, status=status,
+                  unfused_compile_matches=compiled_matches,
                   fused_bytes_per_element=fused_bytes, unfused_bytes_per_element=unfused_bytes)
     with torch.no_grad():
         for label, fn in (("fused", fused), ("unfused_compile", unfused)):
