@@ -95,6 +95,31 @@ def swizzled_offsets(rows_idx, block_idx, scale_col_tiles):
 
 
 @triton.jit
+def block_scale(amax, SCALE_KIND: tl.constexpr):
+    """(stored scale, divisor, inverse, halving) of blocks with maxima ``amax`` (any shape):
+    fp32 scales divide (SCALE_KIND 0, 1; inverse = halving = 1); E8M0 (2) stores the
+    exponent and multiplies by 2**(127 - e) as two exact power-of-two factors, as 2**-127 is
+    subnormal: 2**max(127 - e, -126), then 1/2 for e = 254 (divisor = 1)."""
+    if SCALE_KIND == 2:
+        bits = tl.math.div_rn(amax, FP8_MAX).to(tl.int32, bitcast=True)
+        exponent = tl.minimum(((bits + 0x7FFFFF) & 0x7F800000) >> 23, 254)
+        inverse = (tl.maximum(254 - exponent, 1) << 23).to(tl.float32, bitcast=True)
+        halving = tl.where(exponent == 254, 0.5, 1.0)
+        return exponent.to(tl.uint8), tl.full(amax.shape, 1.0, tl.float32), inverse, halving
+    scale = fp32_scale(amax, SCALE_KIND == 1)
+    one = tl.full(amax.shape, 1.0, tl.float32)
+    return scale, scale, one, one
+
+
+@triton.jit
+def apply_scale(y, divisor, inverse, halving, SCALE_KIND: tl.constexpr):
+    """y in units of its block's scale (block_scale's factors, broadcast to y)."""
+    if SCALE_KIND == 2:
+        return y * inverse * halving
+    return tl.math.div_rn(y, divisor)
+
+
+@triton.jit
 def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCALE, AMAX, k,
                   stride_scale_row, stride_scale_col, scale_col_tiles,
                   BLOCK_ROWS: tl.constexpr, WIDTH: tl.constexpr, QUANT_BLOCK: tl.constexpr,
@@ -117,19 +142,9 @@ def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCAL
             BLOCKS: tl.constexpr = WIDTH // QUANT_BLOCK
             amax = tl.max(tl.reshape(magnitude, [BLOCK_ROWS, BLOCKS, QUANT_BLOCK]), axis=2)
             blocks = tl.reshape(y, [BLOCK_ROWS, BLOCKS, QUANT_BLOCK])
-            if SCALE_KIND == 2:
-                bits = tl.math.div_rn(amax, FP8_MAX).to(tl.int32, bitcast=True)
-                exponent = tl.minimum(((bits + 0x7FFFFF) & 0x7F800000) >> 23, 254)
-                # 2**(127 - e) as two exact power-of-two factors (2**-127 is subnormal):
-                # 2**max(127 - e, -126), then 1/2 for e = 254.
-                inverse = (tl.maximum(254 - exponent, 1) << 23).to(tl.float32, bitcast=True)
-                halving = tl.where(exponent == 254, 0.5, 1.0)
-                values = blocks * inverse[:, :, None] * halving[:, :, None]
-                scale_values = exponent.to(tl.uint8)
-            else:
-                scale = fp32_scale(amax, SCALE_KIND == 1)  # [BLOCK_ROWS, BLOCKS]
-                values = tl.math.div_rn(blocks, scale[:, :, None])
-                scale_values = scale
+            scale_values, divisor, inverse, halving = block_scale(amax, SCALE_KIND)
+            values = apply_scale(blocks, divisor[:, :, None], inverse[:, :, None],
+                                 halving[:, :, None], SCALE_KIND)
             codes = fp8_codes(tl.reshape(values, [BLOCK_ROWS, WIDTH]))
             block_idx = col0 // QUANT_BLOCK + tl.arange(0, BLOCKS)  # [BLOCKS]
             block_mask = row_mask[:, None] & (tl.arange(0, BLOCKS) * QUANT_BLOCK
@@ -149,6 +164,58 @@ def finish_y(y, X_DTYPE: tl.constexpr, ROUND_Y: tl.constexpr):
     if ROUND_Y:
         y = round_to(y, X_DTYPE)
     return y
+
+
+@triton.jit
+def tile_outputs(X, GATE, W, rows_idx, row_mask, tile_offset, size1, size2,
+                 stride_x0, stride_x1, stride_x2, stride_gate0, stride_gate1, stride_gate2,
+                 group_size, eps, LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
+                 BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr,
+                 GROUPS_PER_TILE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                 ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
+                 NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr,
+                 WEIGHT_PRODUCT_ROUNDED: tl.constexpr, ROUND_Y: tl.constexpr):
+    """(y, tail_y, rstd) of rows ``rows_idx`` of one tile, the op's forward math: y
+    [BLOCK_ROWS, BLOCK_N * GROUPS_PER_TILE] from column ``tile_offset``, tail_y [BLOCK_ROWS,
+    TAIL_N] after it (y itself when TAIL_N = 0), rstd [BLOCK_ROWS] or [BLOCK_ROWS,
+    GROUPS_PER_TILE]. y is rounded to x's dtype when ROUND_Y."""
+    WIDTH: tl.constexpr = BLOCK_N * GROUPS_PER_TILE
+    cols = tl.arange(0, WIDTH)  # [WIDTH]
+    col_mask = cols < group_size * GROUPS_PER_TILE
+    mask = row_mask[:, None] & col_mask[None, :]  # [BLOCK_ROWS, WIDTH]
+    x_rows = row_offsets(rows_idx, size1, size2, stride_x0, stride_x1, stride_x2, tile_offset,
+                         LEADING_DIMS, ROW_ALIGN)
+    g_rows = row_offsets(rows_idx, size1, size2, stride_gate0, stride_gate1, stride_gate2,
+                         tile_offset, LEADING_DIMS, ROW_ALIGN)
+    x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    gamma = load_gamma(W, tile_offset + cols, col_mask, HAS_WEIGHT, ZERO_CENTERED)  # [WIDTH]
+    act, h = gated_tile(x, g, X.dtype.element_ty, ACTIVATION, NORM_BEFORE_GATE, ROUNDING)
+
+    if GROUPS_PER_TILE == 1:
+        sum_square = tl.sum(h * h, axis=1)  # [BLOCK_ROWS]
+        if TAIL_N > 0:
+            tail_cols, tail_mask, tail_act, tail_h, tail_gamma = load_tail(
+                X, GATE, W, x_rows, g_rows, row_mask, tile_offset, group_size, BLOCK_N,
+                TAIL_N, HAS_WEIGHT, ZERO_CENTERED, ACTIVATION, NORM_BEFORE_GATE, ROUNDING)
+            sum_square += tl.sum(tail_h * tail_h, axis=1)
+        rstd = 1.0 / tl.sqrt(sum_square / group_size + eps)  # [BLOCK_ROWS]
+        h_hat = h * rstd[:, None]
+    else:
+        grouped = tl.reshape(h, [BLOCK_ROWS, GROUPS_PER_TILE, BLOCK_N])
+        sum_square = tl.sum(grouped * grouped, axis=2)  # [BLOCK_ROWS, GROUPS_PER_TILE]
+        rstd = 1.0 / tl.sqrt(sum_square / group_size + eps)
+        h_hat = tl.reshape(grouped * rstd[:, :, None], [BLOCK_ROWS, WIDTH])
+    y = forward_output(h_hat, act, gamma, X.dtype.element_ty, WEIGHT_PRODUCT_ROUNDED,
+                       HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
+    y = finish_y(y, X.dtype.element_ty, ROUND_Y)
+    tail_y = y
+    if TAIL_N > 0:
+        tail_y = forward_output(tail_h * rstd[:, None], tail_act, tail_gamma,
+                                X.dtype.element_ty, WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT,
+                                NORM_BEFORE_GATE, ROUNDING)
+        tail_y = finish_y(tail_y, X.dtype.element_ty, ROUND_Y)
+    return y, tail_y, rstd
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
@@ -180,43 +247,15 @@ def quantized_forward_kernel(
     first_group = tile * GROUPS_PER_TILE
     tile_offset = first_group.to(tl.int64) * group_size
     WIDTH: tl.constexpr = BLOCK_N * GROUPS_PER_TILE
-    cols = tl.arange(0, WIDTH)  # [WIDTH]
-    col_mask = cols < group_size * GROUPS_PER_TILE
-    mask = row_mask[:, None] & col_mask[None, :]  # [BLOCK_ROWS, WIDTH]
-    x_rows = row_offsets(rows_idx, size1, size2, stride_x0, stride_x1, stride_x2, tile_offset,
-                         LEADING_DIMS, ROW_ALIGN)
-    g_rows = row_offsets(rows_idx, size1, size2, stride_gate0, stride_gate1, stride_gate2,
-                         tile_offset, LEADING_DIMS, ROW_ALIGN)
-    x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    gamma = load_gamma(W, tile_offset + cols, col_mask, HAS_WEIGHT, ZERO_CENTERED)  # [WIDTH]
-    act, h = gated_tile(x, g, X.dtype.element_ty, ACTIVATION, NORM_BEFORE_GATE, ROUNDING)
-
-    if GROUPS_PER_TILE == 1:
-        sum_square = tl.sum(h * h, axis=1)  # [BLOCK_ROWS]
-        if TAIL_N > 0:
-            tail_cols, tail_mask, tail_act, tail_h, tail_gamma = load_tail(
-                X, GATE, W, x_rows, g_rows, row_mask, tile_offset, group_size, BLOCK_N,
-                TAIL_N, HAS_WEIGHT, ZERO_CENTERED, ACTIVATION, NORM_BEFORE_GATE, ROUNDING)
-            sum_square += tl.sum(tail_h * tail_h, axis=1)
-        rstd = 1.0 / tl.sqrt(sum_square / group_size + eps)  # [BLOCK_ROWS]
-        h_hat = h * rstd[:, None]
-    else:
-        grouped = tl.reshape(h, [BLOCK_ROWS, GROUPS_PER_TILE, BLOCK_N])
-        sum_square = tl.sum(grouped * grouped, axis=2)  # [BLOCK_ROWS, GROUPS_PER_TILE]
-        rstd = 1.0 / tl.sqrt(sum_square / group_size + eps)
-        h_hat = tl.reshape(grouped * rstd[:, :, None], [BLOCK_ROWS, WIDTH])
-    y = forward_output(h_hat, act, gamma, X.dtype.element_ty, WEIGHT_PRODUCT_ROUNDED,
-                       HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
-    y = finish_y(y, X.dtype.element_ty, ROUND_Y)
+    y, tail_y, rstd = tile_outputs(
+        X, GATE, W, rows_idx, row_mask, tile_offset, size1, size2, stride_x0, stride_x1,
+        stride_x2, stride_gate0, stride_gate1, stride_gate2, group_size, eps, LEADING_DIMS,
+        ROW_ALIGN, BLOCK_ROWS, BLOCK_N, TAIL_N, GROUPS_PER_TILE, HAS_WEIGHT, ZERO_CENTERED,
+        ACTIVATION, NORM_BEFORE_GATE, ROUNDING, WEIGHT_PRODUCT_ROUNDED, ROUND_Y)
     quantize_tile(y, rows_idx, row_mask, tile_offset, group_size * GROUPS_PER_TILE, Q, SCALE,
                   TENSOR_SCALE, AMAX, k, stride_scale_row, stride_scale_col, scale_col_tiles,
                   BLOCK_ROWS, WIDTH, QUANT_BLOCK, SCALE_KIND, SWIZZLED, AMAX_ONLY)
     if TAIL_N > 0:
-        tail_y = forward_output(tail_h * rstd[:, None], tail_act, tail_gamma,
-                                X.dtype.element_ty, WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT,
-                                NORM_BEFORE_GATE, ROUNDING)
-        tail_y = finish_y(tail_y, X.dtype.element_ty, ROUND_Y)
         quantize_tile(tail_y, rows_idx, row_mask, tile_offset + BLOCK_N, group_size - BLOCK_N,
                       Q, SCALE, TENSOR_SCALE, AMAX, k, stride_scale_row, stride_scale_col,
                       scale_col_tiles, BLOCK_ROWS, TAIL_N, QUANT_BLOCK, SCALE_KIND, SWIZZLED,
