@@ -13,6 +13,7 @@ from gatednorm.quantize import (
     block_1x128,
     mxfp8,
     per_tensor,
+    columnwise_quantize,
     reference_quantize,
 )
 from gatednorm.quantize.launch import fused_tiling
@@ -24,8 +25,9 @@ DTYPES = (torch.float16, torch.bfloat16)
 # (x shape, group size): GDN heads as [tokens, H * D] with D = 128 (blocks nest in groups)
 # and D = 64 (a 128-block straddles two heads), Mamba2-like 640-wide groups (head 512 + tail
 # 128 tiles), a 96-wide group (head 64 + tail 32: MXFP8 nests, 1x128 takes the unfused path),
-# a whole row of 256.
-SHAPES = [((8, 256), 128), ((8, 256), 64), ((4, 1280), 640), ((6, 384), 96), ((5, 256), None)]
+# a whole row of 256. Token counts leave a partial block of tokens for the columnwise copy.
+SHAPES = [((40, 256), 128), ((130, 256), 64), ((33, 1280), 640), ((6, 384), 96),
+          ((5, 256), None)]
 
 
 def codes(t):
@@ -49,6 +51,13 @@ def assert_matches_reference_of_op_output(result, y, fmt):
         assert torch.equal(result.scale, scale)
     if amax is not None:
         assert torch.equal(result.amax, amax)
+    if fmt.columnwise:
+        column_data, column_scale = columnwise_quantize(y, fmt)
+        assert torch.equal(codes(result.columnwise_data), codes(column_data))
+        assert torch.equal(result.columnwise_scale.view(torch.uint8),
+                           column_scale.view(torch.uint8))
+    else:
+        assert result.columnwise_data is None and result.columnwise_scale is None
 
 
 def poisoned(monkeypatch):
@@ -85,8 +94,9 @@ def test_every_format_order_and_rounding_matches_the_reference_quantizer(
 
 
 @pytest.mark.parametrize("shape, group", SHAPES)
-@pytest.mark.parametrize("fmt", [block_1x128(power_of_two_scales=True), mxfp8(swizzled=True),
-                                 per_tensor()], ids=["1x128_ue8m0", "mxfp8_swizzled", "tensor"])
+@pytest.mark.parametrize("fmt", [block_1x128(power_of_two_scales=True, columnwise=True),
+                                 mxfp8(swizzled=True, columnwise=True), per_tensor()],
+                         ids=["1x128_ue8m0_columnwise", "mxfp8_swizzled_columnwise", "tensor"])
 def test_group_layouts_match_the_reference_quantizer(shape, group, fmt, monkeypatch):
     if shape[-1] % max(fmt.block_size, 1):
         pytest.skip("K is not a multiple of the block")

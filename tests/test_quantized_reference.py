@@ -6,6 +6,7 @@ import torch
 
 from gatednorm.quantize import (
     FORMAT_NAMES,
+    columnwise_quantize,
     as_format,
     block_1x128,
     dequantize,
@@ -185,3 +186,25 @@ def test_fp32_swizzled_mxfp8_needs_rows_in_multiples_of_128():
         check_format(mxfp8(swizzled=True), torch.zeros(100, 64))
     check_format(mxfp8(swizzled=True), torch.zeros(128, 64))
     check_format(mxfp8(swizzled=True), torch.zeros(100, 64, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("name", ["1x128_columnwise", "mxfp8_columnwise"])
+def test_columnwise_copy_is_the_rowwise_quantization_of_the_transpose(name):
+    fmt = as_format(name)
+    y = torch.randn(2 * fmt.block_size + 5, 64)
+    data, scale = columnwise_quantize(y, fmt)
+    assert data.shape == (64, y.shape[0]) and scale.shape == (64, 3)
+    full_blocks = y[:2 * fmt.block_size].t().contiguous()
+    expected_data, expected_scale, _ = reference_quantize(full_blocks, fmt)
+    assert torch.equal(codes(data[:, :2 * fmt.block_size]), codes(expected_data))
+    assert torch.equal(scale[:, :2].view(torch.uint8), expected_scale.view(torch.uint8))
+    # The partial last block: the amax of its 5 tokens.
+    tail_data, tail_scale, _ = reference_quantize(
+        torch.cat([y[2 * fmt.block_size:].t(), torch.zeros(64, fmt.block_size - 5)], 1), fmt)
+    assert torch.equal(scale[:, 2:].view(torch.uint8), tail_scale.view(torch.uint8))
+    assert torch.equal(codes(data[:, 2 * fmt.block_size:]), codes(tail_data[:, :5]))
+
+
+def test_per_tensor_columnwise_is_rejected():
+    with pytest.raises(ValueError, match="columnwise copies are for block formats"):
+        per_tensor().__class__("tensor", 0, columnwise=True)

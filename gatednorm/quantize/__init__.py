@@ -14,6 +14,7 @@ from gatednorm.quantize.formats import (
     per_tensor,
 )
 from gatednorm.quantize.reference import (
+    columnwise_quantize,
     dequantize,
     quantize_1x128,
     quantize_mxfp8,
@@ -26,6 +27,7 @@ from gatednorm.quantize.result import QuantizedOutput
 
 __all__ = [
     "FORMAT_NAMES", "Float8Format", "QuantizedOutput", "as_format", "block_1x128",
+    "columnwise_quantize",
     "dequantize", "mxfp8", "per_tensor", "quantize_1x128", "quantize_mxfp8",
     "quantize_per_tensor", "quantized_rms_norm_gated", "reference_quantize",
     "swizzle_mxfp8_scales", "unswizzle_mxfp8_scales",

@@ -8,9 +8,9 @@ from gatednorm import reference
 from gatednorm.ops import INTERPRET
 from gatednorm.quantize.autograd import GradientAnchor
 from gatednorm.quantize.formats import Float8Format, as_format, check_format
-from gatednorm.quantize.launch import fused_tiling, quantized_forward
+from gatednorm.quantize.launch import fused_kernel_tiling, quantized_forward
 from gatednorm.quantize.ops import format_args, rms_norm_gated_fp8
-from gatednorm.quantize.reference import reference_quantize
+from gatednorm.quantize.reference import columnwise_quantize, reference_quantize
 from gatednorm.quantize.result import QuantizedOutput
 from gatednorm.validation import check_group_size, check_kernel_rows, check_options, check_tensors
 
@@ -54,10 +54,11 @@ def quantized_rms_norm_gated(x: torch.Tensor, gate: torch.Tensor,
     else:
         check_kernel_rows(x)
         if (not fmt.quantize_rounded
-                and fused_tiling(group, x.shape[-1] // group, fmt.block_size) is None):
+                and fused_kernel_tiling(group, x.shape[-1] // group, fmt) is None):
             raise ValueError(
                 f"quantize: quantize_rounded=False needs the fused kernel, which does not "
-                f"cover group_size={group} with {fmt.block_size}-element blocks")
+                f"cover group_size={group} with {fmt.block_size}-element blocks"
+                f"{' and columnwise copies' if fmt.columnwise else ''}")
         result = _fused_path(x, gate, weight, eps, fmt, needs_grad, options)
     if fmt.amax_out is not None:
         fmt.amax_out.copy_(result.amax)
@@ -73,17 +74,18 @@ def _fused_path(x, gate, weight, eps, fmt: Float8Format, needs_grad: bool,
     if weight is not None and weight.stride(-1) != 1:
         weight = weight.contiguous()
     if torch.compiler.is_compiling():
-        data, scale, rstd, amax = rms_norm_gated_fp8(
+        data, scale, rstd, amax, col_data, col_scale = rms_norm_gated_fp8(
             x.detach(), gate.detach(), None if weight is None else weight.detach(), fmt.scale,
             eps, *options.values(), *format_args(fmt), needs_grad)
     else:
-        data, scale, rstd, amax = quantized_forward(
+        data, scale, rstd, amax, col_data, col_scale = quantized_forward(
             x.detach(), gate.detach(), None if weight is None else weight.detach(), fmt.scale,
             eps=eps, **options, fmt=fmt, store_rstd=needs_grad, traceable=False)
     anchor = (GradientAnchor.apply(x, gate, weight, rstd, *options.values())
               if needs_grad else None)
-    return QuantizedOutput(data, scale, amax if fmt.scaling == "tensor" else None, fmt,
-                           anchor, x.shape, x.dtype)
+    columnwise = (col_data, col_scale) if fmt.columnwise else (None, None)
+    return QuantizedOutput(data, scale, *columnwise, amax if fmt.scaling == "tensor" else None,
+                           fmt, anchor, x.shape, x.dtype)
 
 
 def _reference_path(x, gate, weight, eps, fmt: Float8Format, needs_grad: bool,
@@ -99,5 +101,6 @@ def _reference_path(x, gate, weight, eps, fmt: Float8Format, needs_grad: bool,
             x.detach().float(), gate.detach().float(),
             None if weight is None else weight.detach().float(), eps=eps, **options)
     data, scale, amax = reference_quantize(quantized, fmt)
-    return QuantizedOutput(data, scale, amax, fmt, y if needs_grad else None, x.shape,
-                           x.dtype)
+    columnwise = columnwise_quantize(quantized, fmt) if fmt.columnwise else (None, None)
+    return QuantizedOutput(data, scale, *columnwise, amax, fmt, y if needs_grad else None,
+                           x.shape, x.dtype)

@@ -42,6 +42,9 @@ class Float8Format:
         amax_out: ``"tensor"`` only: an fp32 one-element buffer the call's amax is copied to.
         quantize_rounded: True (default): quantize exactly the y the unquantized op returns
             in x's dtype; False: quantize the fp32 value before that rounding.
+        columnwise: ``"block"`` and ``"mxfp8"``: also write a columnwise copy for the
+            weight-gradient GEMM: blocks of 128 (MXFP8: 32) consecutive tokens of a column,
+            data transposed [K, tokens], scales [K, ceil(tokens / block)] row-major.
     """
 
     scaling: str
@@ -51,6 +54,7 @@ class Float8Format:
     scale: torch.Tensor | None = None
     amax_out: torch.Tensor | None = None
     quantize_rounded: bool = True
+    columnwise: bool = False
 
     def __post_init__(self):
         if self.scaling not in SCALINGS:
@@ -69,6 +73,9 @@ class Float8Format:
         if self.power_of_two_scales and self.scaling != "block":
             raise ValueError("quantize: power_of_two_scales applies to 1x128 block scales "
                              "(MXFP8 scales are powers of two already)")
+        if self.columnwise and self.scaling == "tensor":
+            raise ValueError("quantize: columnwise copies are for block formats (a per-tensor "
+                             "copy is the transpose of the data)")
         if self.scaling != "tensor" and (self.scale is not None or self.amax_out is not None):
             raise ValueError("quantize: scale / amax_out are per-tensor options")
         for name in ("scale", "amax_out"):
@@ -85,20 +92,21 @@ class Float8Format:
 
 
 def block_1x128(*, power_of_two_scales: bool = False, scale_layout: str = "row",
-                quantize_rounded: bool = True) -> Float8Format:
+                columnwise: bool = False, quantize_rounded: bool = True) -> Float8Format:
     """1x128 blocks (Hopper, DeepGEMM / TransformerEngine Float8BlockScaling): one fp32
     scale per 128 consecutive elements of a row, ``amax / 448`` (rounded up to a power of
     two with ``power_of_two_scales``)."""
     return Float8Format("block", 128, power_of_two_scales, scale_layout,
-                        quantize_rounded=quantize_rounded)
+                        quantize_rounded=quantize_rounded, columnwise=columnwise)
 
 
-def mxfp8(*, swizzled: bool = False, quantize_rounded: bool = True) -> Float8Format:
+def mxfp8(*, swizzled: bool = False, columnwise: bool = False,
+          quantize_rounded: bool = True) -> Float8Format:
     """MXFP8 (Blackwell): one E8M0 scale (``torch.float8_e8m0fnu``) per 32 elements, the
     power of two ``2**ceil(log2(amax / 448))``; scales plain [tokens, K / 32] or in cuBLAS's
     swizzled 128x4 tiles (``swizzled``)."""
     return Float8Format("mxfp8", 32, scale_layout="swizzled" if swizzled else "row",
-                        quantize_rounded=quantize_rounded)
+                        quantize_rounded=quantize_rounded, columnwise=columnwise)
 
 
 def per_tensor(scale: torch.Tensor | None = None, *, amax_out: torch.Tensor | None = None,
@@ -115,7 +123,9 @@ FORMAT_NAMES = {
     "1x128_ue8m0": lambda: block_1x128(power_of_two_scales=True),
     "1x128_column": lambda: block_1x128(scale_layout="column"),
     "1x128_ue8m0_column": lambda: block_1x128(power_of_two_scales=True, scale_layout="column"),
+    "1x128_columnwise": lambda: block_1x128(columnwise=True),
     "mxfp8": lambda: mxfp8(),
+    "mxfp8_columnwise": lambda: mxfp8(columnwise=True),
     "mxfp8_swizzled": lambda: mxfp8(swizzled=True),
     "per_tensor": lambda: per_tensor(),
 }
@@ -161,6 +171,18 @@ def swizzled_size(rows: int, scale_cols: int) -> int:
     padded_rows = -(-rows // SWIZZLE_ROWS) * SWIZZLE_ROWS
     padded_cols = -(-scale_cols // SWIZZLE_COLS) * SWIZZLE_COLS
     return padded_rows * padded_cols
+
+
+def allocate_columnwise(fmt: Float8Format, rows, k: int, device):
+    """(data [k, rows] E4M3, scales [k, ceil(rows / block)]) of the columnwise copy, or two
+    empty tensors when ``fmt`` has none."""
+    if not fmt.columnwise:
+        empty = torch.empty((0,), dtype=FP8_DTYPE, device=device)
+        return empty, torch.empty((0,), dtype=torch.float32, device=device)
+    token_blocks = -(-rows // fmt.block_size)
+    scale_dtype = torch.float8_e8m0fnu if fmt.scaling == "mxfp8" else torch.float32
+    return (torch.empty((k, rows), dtype=FP8_DTYPE, device=device),
+            torch.empty((k, token_blocks), dtype=scale_dtype, device=device))
 
 
 def allocate_scales(fmt: Float8Format, rows, k: int, device) -> torch.Tensor:

@@ -18,8 +18,16 @@ from torch.library import wrap_triton
 from gatednorm.kernels import launch as _op_launch
 from gatednorm.kernels.config import forward_config
 from gatednorm.kernels.layout import row_layout
-from gatednorm.quantize.formats import SWIZZLE_COLS, FP8_DTYPE, Float8Format, allocate_scales
+from gatednorm.quantize.columnwise import quantized_forward_columnwise_kernel
+from gatednorm.quantize.formats import (
+    FP8_DTYPE,
+    SWIZZLE_COLS,
+    Float8Format,
+    allocate_columnwise,
+    allocate_scales,
+)
 from gatednorm.quantize.kernels import quantize_kernel, quantized_forward_kernel
+from gatednorm.quantize.reference import columnwise_quantize
 
 # SCALE_KIND values of the kernels.
 BLOCK_FP32, BLOCK_POWER_OF_TWO, MXFP8_E8M0, TENSOR_GIVEN, TENSOR_CURRENT = range(5)
@@ -72,6 +80,16 @@ def fused_tiling(group_size: int, num_groups: int, quant_block: int) -> Tiling |
     return None
 
 
+def fused_kernel_tiling(group_size: int, num_groups: int, fmt: Float8Format) -> Tiling | None:
+    """The tiling of the kernel that writes every output ``fmt`` asks for, or None when the
+    unfused path writes them: the columnwise kernel walks a token block in the tile's row
+    sub-tiles, so the tile's rows must divide the block."""
+    tiling = fused_tiling(group_size, num_groups, fmt.block_size)
+    if tiling is not None and fmt.columnwise and fmt.block_size % tiling.block_rows:
+        return None
+    return tiling
+
+
 def _kernel_flags(fmt: Float8Format, kind: int) -> dict:
     return dict(QUANT_BLOCK=max(fmt.block_size, 1), SCALE_KIND=kind,
                 SWIZZLED=fmt.scale_layout == "swizzled")
@@ -88,8 +106,9 @@ def _scale_geometry(scales: torch.Tensor, fmt: Float8Format, k: int) -> tuple[in
 
 
 def allocate_outputs(x, tensor_scale, group_size: int, fmt: Float8Format, store_rstd: bool):
-    """Empty (data, scales, rstd, amax) of :func:`quantized_forward` (also its fake
-    implementation): amax zeroed (the kernels max into it), a given per-tensor scale copied."""
+    """Empty (data, scales, rstd, amax, columnwise data, columnwise scales) of
+    :func:`quantized_forward` (also its fake implementation): amax zeroed (the kernels max
+    into it), a given per-tensor scale copied."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     device = x.device
@@ -101,22 +120,24 @@ def allocate_outputs(x, tensor_scale, group_size: int, fmt: Float8Format, store_
                        dtype=torch.float32, device=device)
     amax = torch.zeros((1,) if fmt.scaling == "tensor" else (0,), dtype=torch.float32,
                        device=device)
-    return data, scales, rstd, amax
+    return (data, scales, rstd, amax, *allocate_columnwise(fmt, rows, k, device))
 
 
 def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma, activation,
                       norm_before_gate, group_size, rounding, fmt: Float8Format,
                       store_rstd: bool, traceable: bool):
     """(data [rows, K] E4M3, scales, rstd [..., K / group_size] fp32 or empty, amax [1] fp32
-    or empty) of the gated norm of x, quantized in ``fmt``."""
-    data, scales, rstd, amax = allocate_outputs(x, tensor_scale, group_size, fmt, store_rstd)
+    or empty, columnwise data [K, rows] or empty, columnwise scales or empty) of the gated
+    norm of x, quantized in ``fmt``."""
+    data, scales, rstd, amax, col_data, col_scales = allocate_outputs(
+        x, tensor_scale, group_size, fmt, store_rstd)
     k = x.shape[-1]
     rows = data.shape[0]
     num_groups = k // group_size
     if rows == 0:
-        return data, scales, rstd, amax
+        return data, scales, rstd, amax, col_data, col_scales
     kind = scale_kind(fmt)
-    tiling = fused_tiling(group_size, num_groups, fmt.block_size)
+    tiling = fused_kernel_tiling(group_size, num_groups, fmt)
     run = (lambda kernel: wrap_triton(kernel)) if traceable else (lambda kernel: kernel)
     scale_arg = tensor_scale if tensor_scale is not None else amax
     scale_out = scales.view(torch.uint8) if fmt.scaling == "mxfp8" else scales
@@ -129,6 +150,8 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
         if store_rstd:
             rstd = op_rstd
         y2d = y.reshape(rows, k)
+        if fmt.columnwise:
+            col_data, col_scales = columnwise_quantize(y2d, fmt)
         grid = (triton.cdiv(rows, QUANTIZE_TILE_ROWS) * triton.cdiv(k, QUANTIZE_TILE_COLUMNS),)
         passes = (True, False) if kind == TENSOR_CURRENT else (False,)
         for amax_only in passes:
@@ -158,7 +181,16 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
             ROUND_Y=fmt.quantize_rounded, STORE_RSTD=store_rstd,
             num_warps=tiling.num_warps, **_kernel_flags(fmt, kind))
         weight_arg = x if weight is None else weight
-        passes = (True, False) if kind == TENSOR_CURRENT else (False,)
+        if fmt.columnwise:
+            grid = (triton.cdiv(layout.rows, fmt.block_size)
+                    * (num_groups // tiling.groups_per_tile),)
+            col_scale_out = (col_scales.view(torch.uint8) if fmt.scaling == "mxfp8"
+                             else col_scales)
+            run(quantized_forward_columnwise_kernel)[grid](
+                x, gate, weight_arg, data.view(torch.uint8), scale_out,
+                col_data.view(torch.uint8), col_scale_out, rstd, *layout_args, k, *geometry,
+                col_scales.shape[1], group_size, num_groups, eps, **meta)
+        passes = () if fmt.columnwise else (True, False) if kind == TENSOR_CURRENT else (False,)
         for amax_only in passes:
             run(quantized_forward_kernel)[grid](
                 x, gate, weight_arg, data.view(torch.uint8), scale_out, rstd, scale_arg, amax,
@@ -166,7 +198,7 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
                 AMAX_ONLY=amax_only, **meta)
     if kind == TENSOR_CURRENT:
         scales = _current_scale(amax)
-    return data, scales, rstd, amax
+    return data, scales, rstd, amax, col_data, col_scales
 
 
 def _current_scale(amax: torch.Tensor) -> torch.Tensor:

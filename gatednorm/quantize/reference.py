@@ -160,6 +160,23 @@ def reference_quantize(y: torch.Tensor, quantize) -> tuple[torch.Tensor, torch.T
     return data, scales, None
 
 
+def columnwise_quantize(y: torch.Tensor, quantize) -> tuple[torch.Tensor, torch.Tensor]:
+    """The columnwise copy of ``y`` [..., K] (1x128 or MXFP8 formats): the rowwise
+    quantization of y^T [K, tokens], a partial last token block padded with zeros (which
+    leave its amax unchanged). Returns (data [K, tokens], scales [K, ceil(tokens / block)])."""
+    fmt = as_format(quantize)
+    rows = _rows(y).float()
+    tokens = rows.shape[0]
+    padded = -(-tokens // fmt.block_size) * fmt.block_size
+    transposed = torch.zeros((rows.shape[1], padded), dtype=torch.float32, device=y.device)
+    transposed[:, :tokens] = rows.t()
+    if fmt.scaling == "mxfp8":
+        data, scales = quantize_mxfp8(transposed)
+    else:
+        data, scales = quantize_1x128(transposed, power_of_two_scales=fmt.power_of_two_scales)
+    return data[:, :tokens].contiguous(), scales
+
+
 def dequantize(data: torch.Tensor, scales: torch.Tensor, fmt: Float8Format,
                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``data * scale`` per block, [tokens, K] in ``dtype`` (computed in fp32)."""

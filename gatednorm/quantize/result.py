@@ -18,6 +18,10 @@ class QuantizedOutput(NamedTuple):
         scale: dequantization scales (``y ~= data * scale`` per block) in the format's
             layout: fp32 [tokens, K / 128] row- or column-major, E8M0 [tokens, K / 32] or
             its swizzled flat storage, or fp32 [1] per tensor.
+        columnwise_data: with ``format.columnwise``: [K, tokens] E4M3, blocks of 128 (MXFP8:
+            32) consecutive tokens of a column; else None.
+        columnwise_scale: with ``format.columnwise``: [K, ceil(tokens / block)], fp32 or
+            E8M0, row-major; else None.
         amax: per-tensor formats: fp32 [1], the largest |y| of this call (NaN ignored);
             else None.
         format: the :class:`Float8Format`.
@@ -31,6 +35,8 @@ class QuantizedOutput(NamedTuple):
 
     data: torch.Tensor
     scale: torch.Tensor
+    columnwise_data: torch.Tensor | None
+    columnwise_scale: torch.Tensor | None
     amax: torch.Tensor | None
     format: Float8Format
     anchor: torch.Tensor | None

@@ -14,6 +14,7 @@ from gatednorm.quantize import (
     dequantize,
     per_tensor,
     quantize_1x128,
+    columnwise_quantize,
     reference_quantize,
 )
 from gatednorm.quantize.launch import fused_tiling
@@ -63,6 +64,13 @@ def assert_bit_exact(result, y, fmt):
         assert torch.equal(result.scale, scale)
     if amax is not None:
         assert torch.equal(result.amax, amax)
+    if fmt.columnwise:
+        column_data, column_scale = columnwise_quantize(y, fmt)
+        assert torch.equal(codes(result.columnwise_data), codes(column_data))
+        assert torch.equal(result.columnwise_scale.view(torch.uint8),
+                           column_scale.view(torch.uint8))
+    else:
+        assert result.columnwise_data is None and result.columnwise_scale is None
 
 
 def check_case(name, shape, dtype, rounding):
