@@ -44,7 +44,7 @@ COPY_BYTES = 2**30
 ROTATION_BYTES = 4 * 60 * 2**20
 MAX_SETS = 8
 DECODE_TOKENS = (1, 4, 8, 16, 32)
-FORMATS = ("1x128", "1x128_ue8m0", "mxfp8", "delayed", "per_tensor")
+FORMATS = ("1x128", "1x128_ue8m0", "mxfp8", "delayed", "per_tensor", "1x128_columnwise")
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,11 @@ def fmt_of(name: str, device: torch.device):
 
 
 def bytes_per_element(fmt, element_size: int) -> tuple[float, float]:
-    """(fused, unfused) bytes moved an element: data, scales and, for current scaling, the
-    amax pass's second read of x and the gate."""
+    """(fused, unfused) DRAM bytes an element: data and scales (twice with a columnwise
+    copy) and, for current scaling, the amax pass's second read of x and the gate."""
     scales = {"block": 4 / 128, "mxfp8": 1 / 32, "tensor": 0.0}[fmt.scaling]
+    if fmt.columnwise:
+        scales = 2 * scales + 1  # the transposed copy's data and scales
     fused = 2 * element_size + 1 + scales
     if fmt.current_scaling:
         fused += 2 * element_size
@@ -102,11 +104,11 @@ def te_quantizer(fmt):
         return None
     e4m3 = tex.DType.kFloat8E4M3
     if fmt.scaling == "block":
-        quantizer = Float8BlockQuantizer(e4m3, rowwise=True, columnwise=False,
+        quantizer = Float8BlockQuantizer(e4m3, rowwise=True, columnwise=fmt.columnwise,
                                          force_pow_2_scales=fmt.power_of_two_scales,
                                          block_scaling_dim=1)
     elif fmt.scaling == "mxfp8":
-        quantizer = MXFP8Quantizer(e4m3, rowwise=True, columnwise=False)
+        quantizer = MXFP8Quantizer(e4m3, rowwise=True, columnwise=fmt.columnwise)
     elif fmt.current_scaling:
         quantizer = Float8CurrentScalingQuantizer(e4m3, device=torch.device("cuda"),
                                                   rowwise=True, columnwise=False)
