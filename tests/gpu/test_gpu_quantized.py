@@ -2,9 +2,12 @@
 shapes, the scaled_mm consumers, training a tiny GDN output block next to its bf16 twin, CUDA
 graphs and torch.compile."""
 
+import argparse
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
-import torch.nn.functional as F
 
 import gatednorm
 from gatednorm.quantize import (
@@ -22,7 +25,6 @@ from gatednorm.quantize.linear import (
     blockwise_scaled_mm,
     blockwise_scaled_mm_available,
     dequantize_weight_128x128,
-    fp8_linear,
     quantize_weight_128x128,
 )
 
@@ -193,45 +195,22 @@ def test_1x128_output_feeds_blockwise_scaled_mm():
     assert_gemm_close(out, expected)
 
 
-class GatedOutputBlock(torch.nn.Module):
-    """A GDN layer's output end: gated norm over [tokens, H * D], then the output projection."""
-
-    def __init__(self, heads, head_dim, hidden, fp8):
-        super().__init__()
-        self.norm = gatednorm.RMSNormGated(heads * head_dim, group_size=head_dim,
-                                           quantize="1x128_column" if fp8 else None)
-        self.proj = torch.nn.Parameter(torch.randn(hidden, heads * head_dim) * 0.02)
-        self.fp8 = fp8
-
-    def forward(self, o, gate):
-        if self.fp8:
-            return fp8_linear(self.norm(o, gate), self.proj)
-        return self.norm(o, gate) @ self.proj.t()
+def load_example():
+    """examples/quantized_gdn_block.py as a module (examples/ is not a package)."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "quantized_gdn_block.py"
+    spec = importlib.util.spec_from_file_location("quantized_gdn_block", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_tiny_gdn_output_block_trains_like_bf16():
-    torch.manual_seed(0)
-    heads, head_dim, hidden, tokens, steps = 4, 128, 256, 512, 300
-    teacher = torch.randn(hidden, heads * head_dim, device="cuda") * 0.05
-    losses = {}
-    for fp8 in (False, True):
-        torch.manual_seed(1)
-        block = GatedOutputBlock(heads, head_dim, hidden, fp8).cuda().to(torch.bfloat16)
-        optimizer = torch.optim.Adam(block.parameters(), lr=1e-3)
-        data_seed = torch.Generator(device="cuda").manual_seed(2)
-        curve = []
-        for _ in range(steps):
-            o = torch.randn(tokens, heads * head_dim, device="cuda", generator=data_seed)
-            gate = torch.randn(tokens, heads * head_dim, device="cuda", generator=data_seed)
-            target = (o * F.silu(gate)) @ teacher.t()
-            out = block(o.to(torch.bfloat16), gate.to(torch.bfloat16))
-            loss = F.mse_loss(out.float(), target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            curve.append(loss.item())
-        losses[fp8] = torch.tensor(curve)
-    bf16, fp8 = losses[False], losses[True]
+    example = load_example()
+    args = argparse.Namespace(steps=300, tokens=512, heads=4, head_dim=128, hidden=256,
+                              lr=1e-3)
+    device = torch.device("cuda")
+    bf16 = torch.tensor(example.train(False, args, device, torch.bfloat16))
+    fp8 = torch.tensor(example.train(True, args, device, torch.bfloat16))
     assert bf16[-50:].mean() < 0.5 * bf16[:10].mean()  # it learns
     # FP8 forward noise: the curves agree to a few percent over the last 50 steps.
     assert abs(fp8[-50:].mean() - bf16[-50:].mean()) <= 0.05 * bf16[-50:].mean()
