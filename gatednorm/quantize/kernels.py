@@ -159,6 +159,14 @@ def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCAL
 
 
 @triton.jit
+def store_current_scale(SCALE, AMAX, SCALE_KIND: tl.constexpr, AMAX_ONLY: tl.constexpr):
+    """Current scaling: program 0 of the quantizing pass stores the scale it used."""
+    if SCALE_KIND == 4 and not AMAX_ONLY:
+        if tl.program_id(0) == 0:
+            tl.store(SCALE, fp32_scale(tl.load(AMAX), False))
+
+
+@triton.jit
 def finish_y(y, X_DTYPE: tl.constexpr, ROUND_Y: tl.constexpr):
     """The value quantized: y rounded to x's dtype (the op's output), or its fp32 value."""
     if ROUND_Y:
@@ -260,6 +268,7 @@ def quantized_forward_kernel(
                       Q, SCALE, TENSOR_SCALE, AMAX, k, stride_scale_row, stride_scale_col,
                       scale_col_tiles, BLOCK_ROWS, TAIL_N, QUANT_BLOCK, SCALE_KIND, SWIZZLED,
                       AMAX_ONLY)
+    store_current_scale(SCALE, AMAX, SCALE_KIND, AMAX_ONLY)
     if STORE_RSTD and not AMAX_ONLY:
         if GROUPS_PER_TILE == 1:
             tl.store(RSTD + rows_idx * num_groups + first_group, rstd, mask=row_mask)
@@ -291,3 +300,4 @@ def quantize_kernel(
     quantize_tile(y, rows_idx, row_mask, col0, k - col0, Q, SCALE, TENSOR_SCALE, AMAX, k,
                   stride_scale_row, stride_scale_col, scale_col_tiles, BLOCK_ROWS, WIDTH,
                   QUANT_BLOCK, SCALE_KIND, SWIZZLED, AMAX_ONLY)
+    store_current_scale(SCALE, AMAX, SCALE_KIND, AMAX_ONLY)

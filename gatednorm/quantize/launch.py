@@ -196,13 +196,4 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
                 x, gate, weight_arg, data.view(torch.uint8), scale_out, rstd, scale_arg, amax,
                 *layout_args, k, *geometry, group_size, num_groups, eps,
                 AMAX_ONLY=amax_only, **meta)
-    if kind == TENSOR_CURRENT:
-        scales = _current_scale(amax)
     return data, scales, rstd, amax, col_data, col_scales
-
-
-def _current_scale(amax: torch.Tensor) -> torch.Tensor:
-    """The scale the current-scaling pass used: amax / 448, 1 where amax is 0 or infinite."""
-    from gatednorm.quantize.reference import fp32_scale
-
-    return fp32_scale(amax)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gatednorm.quantize.formats import FP8_DTYPE
 from gatednorm.quantize.reference import dequantize, fp32_scale, nan_ignoring_abs, to_fp8
 from gatednorm.quantize.result import QuantizedOutput
 
