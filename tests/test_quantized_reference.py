@@ -208,3 +208,19 @@ def test_columnwise_copy_is_the_rowwise_quantization_of_the_transpose(name):
 def test_per_tensor_columnwise_is_rejected():
     with pytest.raises(ValueError, match="columnwise copies are for block formats"):
         per_tensor().__class__("tensor", 0, columnwise=True)
+
+
+def test_mismatches_names_every_field_that_differs():
+    from gatednorm.quantize import QuantizedOutput
+    from gatednorm.quantize.reference import mismatches
+
+    y = torch.randn(4, 256)
+    fmt = as_format("1x128_columnwise")
+    data, scale, _ = reference_quantize(y, fmt)
+    column_data, column_scale = columnwise_quantize(y, fmt)
+    result = QuantizedOutput(data.clone(), scale.clone(), column_data, column_scale, None, fmt,
+                             None, y.shape, y.dtype)
+    assert mismatches(result, y) == []
+    codes(result.data)[1, 7] ^= 1
+    result.scale[0, 0] *= 2
+    assert mismatches(result, y) == ["data", "scale"]

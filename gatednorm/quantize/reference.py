@@ -195,3 +195,28 @@ def dequantize(data: torch.Tensor, scales: torch.Tensor, fmt: Float8Format,
         scale = scales.float()
     blocks = values.unflatten(-1, (-1, fmt.block_size)) * scale[..., None]
     return blocks.flatten(-2).to(dtype)
+
+
+def mismatches(result, y: torch.Tensor) -> list[str]:
+    """The fields of ``result`` (a QuantizedOutput) that differ, bit for bit, from the
+    reference quantization of ``y`` in ``result.format`` (data, scale and its strides, amax,
+    the columnwise copy): an empty list when the output is exactly the spec's."""
+    fmt = result.format
+    data, scale, amax = reference_quantize(y, fmt)
+    expected = {"data": data, "scale": scale, "amax": amax}
+    if fmt.columnwise:
+        expected["columnwise_data"], expected["columnwise_scale"] = columnwise_quantize(y, fmt)
+    wrong = [name for name, want in expected.items()
+             if want is not None and not _same_bits(getattr(result, name), want)]
+    if result.scale.stride() != scale.stride():
+        wrong.append("scale strides")
+    if not fmt.columnwise and (result.columnwise_data is not None
+                               or result.columnwise_scale is not None):
+        wrong.append("columnwise (not asked for)")
+    return wrong
+
+
+def _same_bits(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return (got.dtype == want.dtype and got.shape == want.shape
+            and torch.equal(got.contiguous().view(torch.uint8),
+                            want.contiguous().view(torch.uint8)))
