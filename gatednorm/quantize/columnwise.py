@@ -57,6 +57,20 @@ def store_columnwise(y, rows_idx, row_mask, col0, valid_cols, amax, QT, rows,
     tl.store(QT + (col0 + cols)[None, :] * rows + rows_idx[:, None], codes, mask=mask)
 
 
+@triton.jit
+def store_both_copies(y, rows_idx, row_mask, col0, valid_cols, column_amax, Q, SCALE, QT, rows,
+                      k, stride_scale_row, stride_scale_col, scale_col_tiles,
+                      BLOCK_ROWS: tl.constexpr, WIDTH: tl.constexpr, QUANT_BLOCK: tl.constexpr,
+                      SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr):
+    """The rowwise blocks of a [BLOCK_ROWS, WIDTH] tile of y (with their scales) and its rows
+    of the transposed copy (in units of the columns' scales from ``column_amax``)."""
+    quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, SCALE, SCALE, k,
+                  stride_scale_row, stride_scale_col, scale_col_tiles, BLOCK_ROWS, WIDTH,
+                  QUANT_BLOCK, SCALE_KIND, SWIZZLED, False)
+    store_columnwise(y, rows_idx, row_mask, col0, valid_cols, column_amax, QT, rows, WIDTH,
+                     SCALE_KIND)
+
+
 @triton.jit(do_not_specialize=RUNTIME_INTS + ["token_blocks"])
 def quantized_forward_columnwise_kernel(
     X, GATE, W, Q, SCALE, QT, SCALE_T, RSTD,
@@ -87,50 +101,47 @@ def quantized_forward_columnwise_kernel(
     valid = group_size * GROUPS_PER_TILE
     first_row = token_block.to(tl.int64) * QUANT_BLOCK
     amax = tl.zeros([WIDTH], dtype=tl.float32)
-    tail_amax = tl.zeros([TAIL_N if TAIL_N > 0 else 1], dtype=tl.float32)
-    for sub in range(0, QUANT_BLOCK, BLOCK_ROWS):
-        rows_idx = first_row + sub + tl.arange(0, BLOCK_ROWS)  # [BLOCK_ROWS]
-        row_mask = rows_idx < rows
-        y, tail_y, rstd = tile_outputs(
-            X, GATE, W, rows_idx, row_mask, tile_offset, size1, size2, stride_x0, stride_x1,
-            stride_x2, stride_gate0, stride_gate1, stride_gate2, group_size, eps,
-            LEADING_DIMS, ROW_ALIGN, BLOCK_ROWS, BLOCK_N, TAIL_N, GROUPS_PER_TILE, HAS_WEIGHT,
-            ZERO_CENTERED, ACTIVATION, NORM_BEFORE_GATE, ROUNDING, WEIGHT_PRODUCT_ROUNDED,
-            ROUND_Y)
-        amax = tl.maximum(amax, column_maxima(y, rows_idx, row_mask, valid, WIDTH))
-        if TAIL_N > 0:
-            tail_amax = tl.maximum(tail_amax, column_maxima(
-                tail_y, rows_idx, row_mask, group_size - BLOCK_N, TAIL_N))
-    store_column_scales(amax, tile_offset, valid, SCALE_T, token_blocks, token_block, WIDTH,
-                        SCALE_KIND)
     if TAIL_N > 0:
-        store_column_scales(tail_amax, tile_offset + BLOCK_N, group_size - BLOCK_N, SCALE_T,
-                            token_blocks, token_block, TAIL_N, SCALE_KIND)
-    for sub in range(0, QUANT_BLOCK, BLOCK_ROWS):
-        rows_idx = first_row + sub + tl.arange(0, BLOCK_ROWS)
-        row_mask = rows_idx < rows
-        y, tail_y, rstd = tile_outputs(
-            X, GATE, W, rows_idx, row_mask, tile_offset, size1, size2, stride_x0, stride_x1,
-            stride_x2, stride_gate0, stride_gate1, stride_gate2, group_size, eps,
-            LEADING_DIMS, ROW_ALIGN, BLOCK_ROWS, BLOCK_N, TAIL_N, GROUPS_PER_TILE, HAS_WEIGHT,
-            ZERO_CENTERED, ACTIVATION, NORM_BEFORE_GATE, ROUNDING, WEIGHT_PRODUCT_ROUNDED,
-            ROUND_Y)
-        quantize_tile(y, rows_idx, row_mask, tile_offset, valid, Q, SCALE, SCALE, SCALE, k,
-                      stride_scale_row, stride_scale_col, scale_col_tiles, BLOCK_ROWS, WIDTH,
-                      QUANT_BLOCK, SCALE_KIND, SWIZZLED, False)
-        store_columnwise(y, rows_idx, row_mask, tile_offset, valid, amax, QT, rows, WIDTH,
-                         SCALE_KIND)
-        if TAIL_N > 0:
-            quantize_tile(tail_y, rows_idx, row_mask, tile_offset + BLOCK_N,
-                          group_size - BLOCK_N, Q, SCALE, SCALE, SCALE, k, stride_scale_row,
-                          stride_scale_col, scale_col_tiles, BLOCK_ROWS, TAIL_N, QUANT_BLOCK,
-                          SCALE_KIND, SWIZZLED, False)
-            store_columnwise(tail_y, rows_idx, row_mask, tile_offset + BLOCK_N,
-                             group_size - BLOCK_N, tail_amax, QT, rows, TAIL_N, SCALE_KIND)
-        if STORE_RSTD:
-            if GROUPS_PER_TILE == 1:
-                tl.store(RSTD + rows_idx * num_groups + first_group, rstd, mask=row_mask)
+        tail_amax = tl.zeros([TAIL_N], dtype=tl.float32)
+    else:
+        tail_amax = amax  # unused: no tail
+    # Walk 0 takes the column maxima; walk 1 stores both copies (and rstd).
+    for walk in tl.static_range(2):
+        if walk == 1:
+            store_column_scales(amax, tile_offset, valid, SCALE_T, token_blocks, token_block,
+                                WIDTH, SCALE_KIND)
+            if TAIL_N > 0:
+                store_column_scales(tail_amax, tile_offset + BLOCK_N, group_size - BLOCK_N,
+                                    SCALE_T, token_blocks, token_block, TAIL_N, SCALE_KIND)
+        for sub in range(0, QUANT_BLOCK, BLOCK_ROWS):
+            rows_idx = first_row + sub + tl.arange(0, BLOCK_ROWS)  # [BLOCK_ROWS]
+            row_mask = rows_idx < rows
+            y, tail_y, rstd = tile_outputs(
+                X, GATE, W, rows_idx, row_mask, tile_offset, size1, size2, stride_x0,
+                stride_x1, stride_x2, stride_gate0, stride_gate1, stride_gate2, group_size, eps,
+                LEADING_DIMS, ROW_ALIGN, BLOCK_ROWS, BLOCK_N, TAIL_N, GROUPS_PER_TILE,
+                HAS_WEIGHT, ZERO_CENTERED, ACTIVATION, NORM_BEFORE_GATE, ROUNDING,
+                WEIGHT_PRODUCT_ROUNDED, ROUND_Y)
+            if walk == 0:
+                amax = tl.maximum(amax, column_maxima(y, rows_idx, row_mask, valid, WIDTH))
+                if TAIL_N > 0:
+                    tail_amax = tl.maximum(tail_amax, column_maxima(
+                        tail_y, rows_idx, row_mask, group_size - BLOCK_N, TAIL_N))
             else:
-                group_idx = first_group + tl.arange(0, GROUPS_PER_TILE)
-                tl.store(RSTD + rows_idx[:, None] * num_groups + group_idx[None, :], rstd,
-                         mask=row_mask[:, None])
+                store_both_copies(y, rows_idx, row_mask, tile_offset, valid, amax, Q, SCALE,
+                                  QT, rows, k, stride_scale_row, stride_scale_col,
+                                  scale_col_tiles, BLOCK_ROWS, WIDTH, QUANT_BLOCK, SCALE_KIND,
+                                  SWIZZLED)
+                if TAIL_N > 0:
+                    store_both_copies(tail_y, rows_idx, row_mask, tile_offset + BLOCK_N,
+                                      group_size - BLOCK_N, tail_amax, Q, SCALE, QT, rows, k,
+                                      stride_scale_row, stride_scale_col, scale_col_tiles,
+                                      BLOCK_ROWS, TAIL_N, QUANT_BLOCK, SCALE_KIND, SWIZZLED)
+                if STORE_RSTD:
+                    if GROUPS_PER_TILE == 1:
+                        tl.store(RSTD + rows_idx * num_groups + first_group, rstd,
+                                 mask=row_mask)
+                    else:
+                        group_idx = first_group + tl.arange(0, GROUPS_PER_TILE)
+                        tl.store(RSTD + rows_idx[:, None] * num_groups + group_idx[None, :],
+                                 rstd, mask=row_mask[:, None])
