@@ -22,9 +22,9 @@ import triton.language as tl
 from gatednorm.kernels.forward import gated_tile, load_tail
 from gatednorm.kernels.pointwise import forward_output, load_gamma, round_to, row_offsets
 
-FP8_MAX = 448.0
-FP32_MAX = 3.4028234663852886e38
-NAN_CODE = 0x7F
+# Constants are written as literals inside the kernels: Triton rejects non-constexpr globals,
+# and constexpr globals break Inductor's tracing of user kernels (pointwise.py). 448.0 is the
+# largest finite E4M3 value, 3.4028234663852886e38 the largest finite fp32, 0x7F E4M3's NaN.
 RUNTIME_INTS = [
     "rows", "size1", "size2",
     "stride_x0", "stride_x1", "stride_x2",
@@ -37,8 +37,8 @@ RUNTIME_INTS = [
 @triton.jit
 def fp32_scale(amax, POWER_OF_TWO: tl.constexpr):
     """amax / 448 (1 where amax is 0 or infinite), rounded up to a power of two on request."""
-    scale = tl.math.div_rn(amax, FP8_MAX)
-    scale = tl.where((amax > 0.0) & (amax <= FP32_MAX), scale, 1.0)
+    scale = tl.math.div_rn(amax, 448.0)
+    scale = tl.where((amax > 0.0) & (amax <= 3.4028234663852886e38), scale, 1.0)
     if POWER_OF_TWO:
         bits = scale.to(tl.int32, bitcast=True)
         scale = ((bits + 0x7FFFFF) & 0x7F800000).to(tl.float32, bitcast=True)
@@ -73,9 +73,9 @@ else:
 @triton.jit
 def fp8_codes(values):
     """uint8 E4M3 codes of fp32 values: saturated to +-448, nearest even, NaN -> 0x7F."""
-    saturated = tl.minimum(tl.maximum(values, -FP8_MAX), FP8_MAX)
+    saturated = tl.minimum(tl.maximum(values, -448.0), 448.0)
     codes = e4m3_codes(saturated)
-    return tl.where(values != values, NAN_CODE, codes)
+    return tl.where(values != values, 0x7F, codes)
 
 
 @triton.jit
@@ -100,23 +100,30 @@ def block_scale(amax, SCALE_KIND: tl.constexpr):
     fp32 scales divide (SCALE_KIND 0, 1; inverse = halving = 1); E8M0 (2) stores the
     exponent and multiplies by 2**(127 - e) as two exact power-of-two factors, as 2**-127 is
     subnormal: 2**max(127 - e, -126), then 1/2 for e = 254 (divisor = 1)."""
+    one = tl.full(amax.shape, 1.0, tl.float32)
     if SCALE_KIND == 2:
-        bits = tl.math.div_rn(amax, FP8_MAX).to(tl.int32, bitcast=True)
+        bits = tl.math.div_rn(amax, 448.0).to(tl.int32, bitcast=True)
         exponent = tl.minimum(((bits + 0x7FFFFF) & 0x7F800000) >> 23, 254)
+        stored = exponent.to(tl.uint8)
+        divisor = one
         inverse = (tl.maximum(254 - exponent, 1) << 23).to(tl.float32, bitcast=True)
         halving = tl.where(exponent == 254, 0.5, 1.0)
-        return exponent.to(tl.uint8), tl.full(amax.shape, 1.0, tl.float32), inverse, halving
-    scale = fp32_scale(amax, SCALE_KIND == 1)
-    one = tl.full(amax.shape, 1.0, tl.float32)
-    return scale, scale, one, one
+    else:
+        stored = fp32_scale(amax, SCALE_KIND == 1)
+        divisor = stored
+        inverse = one
+        halving = one
+    return stored, divisor, inverse, halving
 
 
 @triton.jit
 def apply_scale(y, divisor, inverse, halving, SCALE_KIND: tl.constexpr):
     """y in units of its block's scale (block_scale's factors, broadcast to y)."""
     if SCALE_KIND == 2:
-        return y * inverse * halving
-    return tl.math.div_rn(y, divisor)
+        values = y * inverse * halving
+    else:
+        values = tl.math.div_rn(y, divisor)
+    return values
 
 
 @triton.jit
