@@ -147,12 +147,19 @@ def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCAL
             codes = fp8_codes(tl.math.div_rn(y, scale))
         else:
             BLOCKS: tl.constexpr = WIDTH // QUANT_BLOCK
-            amax = tl.max(tl.reshape(magnitude, [BLOCK_ROWS, BLOCKS, QUANT_BLOCK]), axis=2)
-            blocks = tl.reshape(y, [BLOCK_ROWS, BLOCKS, QUANT_BLOCK])
-            scale_values, divisor, inverse, halving = block_scale(amax, SCALE_KIND)
-            values = apply_scale(blocks, divisor[:, :, None], inverse[:, :, None],
-                                 halving[:, :, None], SCALE_KIND)
-            codes = fp8_codes(tl.reshape(values, [BLOCK_ROWS, WIDTH]))
+            if BLOCKS == 1:
+                # One block a tile row (GDN's 128-wide heads): no reshape, so no layout change.
+                amax = tl.max(magnitude, axis=1, keep_dims=True)  # [BLOCK_ROWS, 1]
+                scale_values, divisor, inverse, halving = block_scale(amax, SCALE_KIND)
+                values = apply_scale(y, divisor, inverse, halving, SCALE_KIND)
+            else:
+                amax = tl.max(tl.reshape(magnitude, [BLOCK_ROWS, BLOCKS, QUANT_BLOCK]), axis=2)
+                blocks = tl.reshape(y, [BLOCK_ROWS, BLOCKS, QUANT_BLOCK])
+                scale_values, divisor, inverse, halving = block_scale(amax, SCALE_KIND)
+                values = tl.reshape(apply_scale(blocks, divisor[:, :, None], inverse[:, :, None],
+                                                halving[:, :, None], SCALE_KIND),
+                                    [BLOCK_ROWS, WIDTH])
+            codes = fp8_codes(values)
             block_idx = col0 // QUANT_BLOCK + tl.arange(0, BLOCKS)  # [BLOCKS]
             block_mask = row_mask[:, None] & (tl.arange(0, BLOCKS) * QUANT_BLOCK
                                               < valid_cols)[None, :]
