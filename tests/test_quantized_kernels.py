@@ -196,3 +196,18 @@ def test_empty_input_returns_empty_outputs():
     x = torch.empty(0, 256, dtype=torch.float16)
     result = gatednorm.rms_norm_gated(x, x, quantize="mxfp8_swizzled")
     assert result.data.shape == (0, 256) and result.scale.numel() == 0
+
+
+@pytest.mark.parametrize("x_dtype, weight_dtype, zero_centered", [
+    (torch.float32, torch.float32, False),
+    (torch.bfloat16, torch.float32, True),
+    (torch.float16, None, False),
+])
+def test_fp32_inputs_fp32_weights_zero_centered_and_no_weight(x_dtype, weight_dtype,
+                                                              zero_centered):
+    x, gate, weight = inputs((8, 256), x_dtype, weight_dtype)
+    weight = None if weight_dtype is None else weight
+    options = dict(group_size=128, rounding="hf", zero_centered_gamma=zero_centered)
+    result = gatednorm.rms_norm_gated(x, gate, weight, quantize="1x128", **options)
+    assert_matches_reference_of_op_output(result, gatednorm.rms_norm_gated(x, gate, weight,
+                                                                           **options))
