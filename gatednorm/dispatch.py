@@ -8,6 +8,10 @@ Exits of :func:`run`, in order:
    ``type(t) is not torch.Tensor``), ``torch.ops.gatednorm.rms_norm_gated_fwd``, so that
    the compiler traces it and a subclass's op-level rules (DTensor sharding) apply.
 3. ``eager``: everything else, :func:`gatednorm.ops.eager`.
+
+A call with ``quantize`` (an FP8 output) takes :func:`run_quantized` instead, with the same
+checks: the fused quantizing kernel, or the reference composite and the reference quantizer
+where the kernels do not run (gatednorm.quantize).
 """
 
 from __future__ import annotations
@@ -45,14 +49,6 @@ def call_key(x, gate, weight, raw_options: tuple) -> tuple | None:
             gate.device, weight_part, raw_options)
 
 
-def runs_fused(x: torch.Tensor) -> bool:
-    """Whether a call with this x runs the Triton kernels (else the reference composite):
-    16- and 32-bit x on CUDA, or on CPU under ``TRITON_INTERPRET=1``."""
-    if x.dtype == torch.float64:
-        return False
-    return x.device.type == "cuda" or (ops.INTERPRET and x.device.type == "cpu")
-
-
 def _check(x, gate, weight, raw_options: tuple) -> tuple[GatedNormOptions, bool]:
     """Every argument check; returns (the options with group_size resolved, whether the
     call runs the fused kernels). Reads only what a DTensor also answers (types, shapes,
@@ -60,7 +56,7 @@ def _check(x, gate, weight, raw_options: tuple) -> tuple[GatedNormOptions, bool]
     options = GatedNormOptions.checked(*raw_options)
     check_tensors(x, gate, weight, options.zero_centered_gamma)
     options = options.for_hidden_size(x.shape[-1])
-    fused = runs_fused(x)
+    fused = ops.runs_fused(x)
     if fused:
         check_kernel_rows(x)
     return options, fused
@@ -96,3 +92,18 @@ def run(x, gate, weight, raw_options: tuple, key: tuple | None) -> torch.Tensor:
                         or (weight is not None and type(weight) not in _PLAIN_TYPES)):
         return ops.registered(x, gate, weight, options)
     return ops.eager(x, gate, weight, options, None if copied else key)
+
+
+def run_quantized(x, gate, weight, raw_options: tuple, quantize):
+    """A :class:`gatednorm.quantize.QuantizedOutput` of the call, checked as :func:`run`'s."""
+    if type(x) is not torch.Tensor or type(gate) is not torch.Tensor or (
+            weight is not None and type(weight) not in _PLAIN_TYPES):
+        raise TypeError(
+            "quantize: the FP8 output takes plain tensors for x, gate and weight, got "
+            f"{type(x).__name__}, {type(gate).__name__} and {type(weight).__name__} (for "
+            "DTensor inputs, quantize each rank's local tensors: x.to_local())")
+    options, fused = _check(x, gate, weight, raw_options)
+    # Imported here: the quantized kernels compile only for programs that use them.
+    from gatednorm.quantize.api import quantized_output
+
+    return quantized_output(x, gate, weight, options, quantize, fused)

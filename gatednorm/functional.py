@@ -11,7 +11,7 @@ from gatednorm.kernels import launch
 def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None = None, *,
                    eps: float = 1e-6, zero_centered_gamma: bool = False,
                    activation: str = "silu", norm_before_gate: bool = True,
-                   group_size: int | None = None, rounding: str = "te") -> torch.Tensor:
+                   group_size: int | None = None, rounding: str = "te", quantize=None):
     """Gated RMSNorm, fused: ``y = norm(x) * act(gate)`` or ``y = norm(x * act(gate))``.
 
     ``norm(h) = h / sqrt(mean(h^2) + eps) * gamma`` over each group of ``group_size``
@@ -53,8 +53,16 @@ def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | N
     torch.compile, and for tensor subclasses such as DTensor, the call goes through the
     registered op ``torch.ops.gatednorm.rms_norm_gated_fwd`` (gatednorm.dispatch). Under
     ``torch.autocast`` the inputs are taken as given (no cast is inserted).
+
+    ``quantize``: None, or an FP8 output format (a name such as ``"1x128"`` or ``"mxfp8"``, or
+    a :class:`gatednorm.quantize.Float8Format`): the call then returns a
+    :class:`gatednorm.quantize.QuantizedOutput` (data, scales, optional columnwise copies,
+    ``dequantize()``), by default exactly the reference quantizer's output for the y above;
+    gradients flow through its ``anchor``. See docs/quantized.md.
     """
     raw_options = (eps, zero_centered_gamma, activation, norm_before_gate, group_size, rounding)
+    if quantize is not None:
+        return dispatch.run_quantized(x, gate, weight, raw_options, quantize)
     key = None if torch.compiler.is_compiling() else dispatch.call_key(x, gate, weight,
                                                                         raw_options)
     if key is not None and not (torch.is_grad_enabled() and (

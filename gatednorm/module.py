@@ -15,11 +15,14 @@ class RMSNormGated(nn.Module):
     ``forward(x, gate)`` takes x and gate of shape [..., hidden_size] and returns y like x.
     The weight, shape [hidden_size], starts at ones, or at zeros when ``zero_centered_gamma``
     (the effective scale is then ``1 + weight``), so a new module starts as the identity scale.
+    With ``quantize`` (an FP8 format, see :func:`gatednorm.rms_norm_gated`) forward returns a
+    :class:`gatednorm.quantize.QuantizedOutput` instead of y.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, *, zero_centered_gamma: bool = False,
                  activation: str = "silu", norm_before_gate: bool = True,
-                 group_size: int | None = None, rounding: str = "te", device=None, dtype=None):
+                 group_size: int | None = None, rounding: str = "te", quantize=None,
+                 device=None, dtype=None):
         super().__init__()
         if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1:
             raise ValueError(f"hidden_size must be a positive int, got {hidden_size!r}")
@@ -30,6 +33,12 @@ class RMSNormGated(nn.Module):
         self.hidden_size = hidden_size
         # One validated value; eps, activation, ... below read from it and are read-only.
         self.options = options
+        if quantize is not None:
+            from gatednorm.quantize import as_format
+
+            as_format(quantize)  # an unknown format fails here, not at the first forward
+        # An FP8 output format (gatednorm.quantize): forward returns a QuantizedOutput.
+        self.quantize = quantize
         self.weight = nn.Parameter(torch.empty(hidden_size, device=device, dtype=dtype))
         self.reset_parameters()
 
@@ -53,9 +62,10 @@ class RMSNormGated(nn.Module):
             x, gate, self.weight, eps=options.eps,
             zero_centered_gamma=options.zero_centered_gamma, activation=options.activation,
             norm_before_gate=options.norm_before_gate, group_size=options.group_size,
-            rounding=options.rounding)
+            rounding=options.rounding, quantize=self.quantize)
 
     def extra_repr(self) -> str:
         return (f"{self.hidden_size}, eps={self.eps}, zero_centered_gamma={self.zero_centered_gamma}, "
                 f"activation={self.activation!r}, norm_before_gate={self.norm_before_gate}, "
-                f"group_size={self.group_size}, rounding={self.rounding!r}")
+                f"group_size={self.group_size}, rounding={self.rounding!r}"
+                + (f", quantize={self.quantize!r}" if self.quantize is not None else ""))

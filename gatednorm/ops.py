@@ -28,6 +28,14 @@ from gatednorm.options import GatedNormOptions
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def runs_fused(x: torch.Tensor) -> bool:
+    """Whether a call with this x runs the Triton kernels (else the reference composite):
+    16- and 32-bit x on CUDA, or on CPU under ``TRITON_INTERPRET=1``."""
+    if x.dtype == torch.float64:
+        return False
+    return x.device.type == "cuda" or (INTERPRET and x.device.type == "cpu")
+
+
 def _forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, eps: float,
              zero_centered_gamma: bool, activation: str, norm_before_gate: bool,
              group_size: int, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -110,3 +110,18 @@ def rms_norm_gated(x, gate, weight=None, *, eps=1e-6, zero_centered_gamma=False,
     return _BY_ROUNDING[rounding](
         x, gate, weight, eps=eps, zero_centered_gamma=zero_centered_gamma,
         activation=activation, norm_before_gate=norm_before_gate, group_size=group_size)
+
+
+
+# The FP8 output's reference quantizers live in gatednorm.quantize.reference; they are named
+# here too, loaded on first use (gatednorm.quantize imports this module).
+_QUANTIZERS = ("columnwise_quantize", "dequantize", "quantize_1x128", "quantize_mxfp8",
+               "quantize_per_tensor", "reference_quantize")
+
+
+def __getattr__(name: str):
+    if name in _QUANTIZERS:
+        from gatednorm.quantize import reference as quantize_reference
+
+        return getattr(quantize_reference, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from gatednorm import reference
-from gatednorm.dispatch import runs_fused
+from gatednorm.ops import runs_fused
 from gatednorm.integrations.calling import forward_like_source, ungated
 from gatednorm.integrations.shapes import GatedNormSpec
 

@@ -1,0 +1,317 @@
+"""Triton kernels of the quantized forward: the op's forward tile with an FP8 epilogue.
+
+The tile math is the unquantized forward's (gatednorm.kernels.forward / pointwise: same
+helpers, same tile rows, width and warps for the group size), so y, rounded to x's dtype, has
+the op's bits; the epilogue cuts the tile of y into quantization blocks, takes each block's
+amax, and stores E4M3 data and the scales. Where the quantization block nests in the group
+(1x128 blocks of a 128- or 640-wide group) one program holds whole blocks of one group; where
+groups nest in the block (64-wide groups, 128-wide blocks) a program holds the
+GROUPS_PER_TILE groups of one block and reduces each group apart.
+
+SCALE_KIND: 0 fp32 amax / 448, 1 the same rounded up to a power of two, 2 E8M0 (MXFP8),
+3 a given per-tensor scale (the call's amax atomically maxed into AMAX), 4 per-tensor
+current scaling (amax read from AMAX, written by an AMAX_ONLY pass before).
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from gatednorm.kernels.forward import gated_tile, load_tail
+from gatednorm.kernels.pointwise import forward_output, load_gamma, round_to, row_offsets
+
+# Constants are written as literals inside the kernels: Triton rejects non-constexpr globals,
+# and constexpr globals break Inductor's tracing of user kernels (pointwise.py). 448.0 is the
+# largest finite E4M3 value, 3.4028234663852886e38 the largest finite fp32, 0x7F E4M3's NaN.
+RUNTIME_INTS = [
+    "rows", "size1", "size2",
+    "stride_x0", "stride_x1", "stride_x2",
+    "stride_gate0", "stride_gate1", "stride_gate2",
+    "k", "stride_scale_row", "stride_scale_col", "scale_col_tiles",
+    "num_groups",
+]
+
+
+@triton.jit
+def fp32_scale(amax, POWER_OF_TWO: tl.constexpr):
+    """amax / 448 (1 where amax is 0 or infinite), rounded up to a power of two on request."""
+    scale = tl.math.div_rn(amax, 448.0)
+    scale = tl.where((amax > 0.0) & (amax <= 3.4028234663852886e38), scale, 1.0)
+    if POWER_OF_TWO:
+        bits = scale.to(tl.int32, bitcast=True)
+        scale = ((bits + 0x7FFFFF) & 0x7F800000).to(tl.float32, bitcast=True)
+    return scale
+
+
+if os.environ.get("TRITON_INTERPRET", "0") == "1" or torch.version.hip:
+    @triton.jit
+    def e4m3_codes(saturated):
+        """E4M3 codes (uint8) of fp32 values in [-448, 448], nearest even, in integer
+        arithmetic: Triton 3.6's interpreter drops the carry when the mantissa rounds up
+        (7.8 -> 4.0 instead of 8.0)."""
+        bits = saturated.to(tl.int32, bitcast=True)
+        sign = ((bits >> 24) & 0x80).to(tl.int32)
+        magnitude = bits & 0x7FFFFFFF
+        # Normal results (|v| >= 2**-6): round the 23-bit mantissa to 3 bits, nearest even;
+        # a carry moves into the exponent. 120 << 3 rebiases the exponent from 127 to 7.
+        normal = ((magnitude + 0x7FFFF + ((magnitude >> 20) & 1)) >> 20) - (120 << 3)
+        # Subnormal results: multiples of 2**-9, rounded to nearest even by the fp32 add.
+        scaled = tl.abs(saturated) * 512.0
+        subnormal = ((scaled + 8388608.0) - 8388608.0).to(tl.int32)
+        codes = tl.where(magnitude < 0x3C800000, subnormal, normal)
+        return (codes | sign).to(tl.uint8)
+else:
+    @triton.jit
+    def e4m3_codes(saturated):
+        """E4M3 codes (uint8) of fp32 values in [-448, 448] by the hardware conversion
+        (cvt.rn.satfinite: nearest even)."""
+        return saturated.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+
+
+@triton.jit
+def fp8_codes(values):
+    """uint8 E4M3 codes of fp32 values: saturated to +-448, nearest even, NaN -> 0x7F."""
+    saturated = tl.minimum(tl.maximum(values, -448.0), 448.0)
+    codes = e4m3_codes(saturated)
+    return tl.where(values != values, 0x7F, codes)
+
+
+@triton.jit
+def nan_free_abs(y, mask):
+    """|y| with NaN and masked lanes as 0."""
+    return tl.where(mask & (y == y), tl.abs(y), 0.0)
+
+
+@triton.jit
+def swizzled_offsets(rows_idx, block_idx, scale_col_tiles):
+    """Offsets of [rows, blocks] scales in cuBLAS's 128x4 tiles (row-major tile order, each
+    tile [32][4][4]: row % 32, row % 128 // 32, column % 4)."""
+    row = rows_idx[:, None]
+    col = block_idx[None, :]
+    tile = (row // 128) * scale_col_tiles + col // 4
+    return tile * 512 + (row % 32) * 16 + ((row % 128) // 32) * 4 + col % 4
+
+
+@triton.jit
+def block_scale(amax, SCALE_KIND: tl.constexpr):
+    """(stored scale, divisor, inverse, halving) of blocks with maxima ``amax`` (any shape):
+    fp32 scales divide (SCALE_KIND 0, 1; inverse = halving = 1); E8M0 (2) stores the
+    exponent and multiplies by 2**(127 - e) as two exact power-of-two factors, as 2**-127 is
+    subnormal: 2**max(127 - e, -126), then 1/2 for e = 254 (divisor = 1)."""
+    one = tl.full(amax.shape, 1.0, tl.float32)
+    if SCALE_KIND == 2:
+        bits = tl.math.div_rn(amax, 448.0).to(tl.int32, bitcast=True)
+        exponent = tl.minimum(((bits + 0x7FFFFF) & 0x7F800000) >> 23, 254)
+        stored = exponent.to(tl.uint8)
+        divisor = one
+        inverse = (tl.maximum(254 - exponent, 1) << 23).to(tl.float32, bitcast=True)
+        halving = tl.where(exponent == 254, 0.5, 1.0)
+    else:
+        stored = fp32_scale(amax, SCALE_KIND == 1)
+        divisor = stored
+        inverse = one
+        halving = one
+    return stored, divisor, inverse, halving
+
+
+@triton.jit
+def apply_scale(y, divisor, inverse, halving, SCALE_KIND: tl.constexpr):
+    """y in units of its block's scale (block_scale's factors, broadcast to y)."""
+    if SCALE_KIND == 2:
+        values = y * inverse * halving
+    else:
+        values = tl.math.div_rn(y, divisor)
+    return values
+
+
+@triton.jit
+def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCALE, AMAX, k,
+                  stride_scale_row, stride_scale_col, scale_col_tiles,
+                  BLOCK_ROWS: tl.constexpr, WIDTH: tl.constexpr, QUANT_BLOCK: tl.constexpr,
+                  SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr, AMAX_ONLY: tl.constexpr):
+    """Quantize and store a [BLOCK_ROWS, WIDTH] fp32 tile of y whose first column is column
+    ``col0`` of the [rows, k] output; columns at or past ``valid_cols`` are padding."""
+    cols = tl.arange(0, WIDTH)  # [WIDTH]
+    mask = row_mask[:, None] & (cols < valid_cols)[None, :]  # [BLOCK_ROWS, WIDTH]
+    magnitude = nan_free_abs(y, mask)
+    if AMAX_ONLY or SCALE_KIND == 3:
+        tl.atomic_max(AMAX, tl.max(tl.max(magnitude, axis=1), axis=0))
+    if not AMAX_ONLY:
+        if SCALE_KIND >= 3:
+            if SCALE_KIND == 3:
+                scale = tl.load(TENSOR_SCALE)
+            else:
+                scale = fp32_scale(tl.load(AMAX), False)
+            codes = fp8_codes(tl.math.div_rn(y, scale))
+        else:
+            BLOCKS: tl.constexpr = WIDTH // QUANT_BLOCK
+            if BLOCKS == 1:
+                # One block a tile row (GDN's 128-wide heads): no reshape, so no layout change.
+                amax = tl.max(magnitude, axis=1, keep_dims=True)  # [BLOCK_ROWS, 1]
+                scale_values, divisor, inverse, halving = block_scale(amax, SCALE_KIND)
+                values = apply_scale(y, divisor, inverse, halving, SCALE_KIND)
+            else:
+                amax = tl.max(tl.reshape(magnitude, [BLOCK_ROWS, BLOCKS, QUANT_BLOCK]), axis=2)
+                blocks = tl.reshape(y, [BLOCK_ROWS, BLOCKS, QUANT_BLOCK])
+                scale_values, divisor, inverse, halving = block_scale(amax, SCALE_KIND)
+                values = tl.reshape(apply_scale(blocks, divisor[:, :, None], inverse[:, :, None],
+                                                halving[:, :, None], SCALE_KIND),
+                                    [BLOCK_ROWS, WIDTH])
+            codes = fp8_codes(values)
+            block_idx = col0 // QUANT_BLOCK + tl.arange(0, BLOCKS)  # [BLOCKS]
+            block_mask = row_mask[:, None] & (tl.arange(0, BLOCKS) * QUANT_BLOCK
+                                              < valid_cols)[None, :]
+            if SWIZZLED:
+                scale_offsets = swizzled_offsets(rows_idx, block_idx, scale_col_tiles)
+            else:
+                scale_offsets = (rows_idx[:, None] * stride_scale_row
+                                 + block_idx[None, :] * stride_scale_col)
+            tl.store(SCALE + scale_offsets, scale_values, mask=block_mask)
+        tl.store(Q + rows_idx[:, None] * k + col0 + cols[None, :], codes, mask=mask)
+
+
+@triton.jit
+def store_current_scale(SCALE, AMAX, SCALE_KIND: tl.constexpr, AMAX_ONLY: tl.constexpr):
+    """Current scaling: program 0 of the quantizing pass stores the scale it used."""
+    if SCALE_KIND == 4 and not AMAX_ONLY:
+        if tl.program_id(0) == 0:
+            tl.store(SCALE, fp32_scale(tl.load(AMAX), False))
+
+
+@triton.jit
+def finish_y(y, X_DTYPE: tl.constexpr, ROUND_Y: tl.constexpr):
+    """The value quantized: y rounded to x's dtype (the op's output), or its fp32 value."""
+    if ROUND_Y:
+        y = round_to(y, X_DTYPE)
+    return y
+
+
+@triton.jit
+def tile_outputs(X, GATE, W, rows_idx, row_mask, tile_offset, size1, size2,
+                 stride_x0, stride_x1, stride_x2, stride_gate0, stride_gate1, stride_gate2,
+                 group_size, eps, LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
+                 BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr,
+                 GROUPS_PER_TILE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                 ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
+                 NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr,
+                 WEIGHT_PRODUCT_ROUNDED: tl.constexpr, ROUND_Y: tl.constexpr):
+    """(y, tail_y, rstd) of rows ``rows_idx`` of one tile, the op's forward math: y
+    [BLOCK_ROWS, BLOCK_N * GROUPS_PER_TILE] from column ``tile_offset``, tail_y [BLOCK_ROWS,
+    TAIL_N] after it (y itself when TAIL_N = 0), rstd [BLOCK_ROWS] or [BLOCK_ROWS,
+    GROUPS_PER_TILE]. y is rounded to x's dtype when ROUND_Y."""
+    WIDTH: tl.constexpr = BLOCK_N * GROUPS_PER_TILE
+    cols = tl.arange(0, WIDTH)  # [WIDTH]
+    col_mask = cols < group_size * GROUPS_PER_TILE
+    mask = row_mask[:, None] & col_mask[None, :]  # [BLOCK_ROWS, WIDTH]
+    x_rows = row_offsets(rows_idx, size1, size2, stride_x0, stride_x1, stride_x2, tile_offset,
+                         LEADING_DIMS, ROW_ALIGN)
+    g_rows = row_offsets(rows_idx, size1, size2, stride_gate0, stride_gate1, stride_gate2,
+                         tile_offset, LEADING_DIMS, ROW_ALIGN)
+    x = tl.load(X + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(GATE + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    gamma = load_gamma(W, tile_offset + cols, col_mask, HAS_WEIGHT, ZERO_CENTERED)  # [WIDTH]
+    act, h = gated_tile(x, g, X.dtype.element_ty, ACTIVATION, NORM_BEFORE_GATE, ROUNDING)
+
+    if GROUPS_PER_TILE == 1:
+        sum_square = tl.sum(h * h, axis=1)  # [BLOCK_ROWS]
+        if TAIL_N > 0:
+            tail_cols, tail_mask, tail_act, tail_h, tail_gamma = load_tail(
+                X, GATE, W, x_rows, g_rows, row_mask, tile_offset, group_size, BLOCK_N,
+                TAIL_N, HAS_WEIGHT, ZERO_CENTERED, ACTIVATION, NORM_BEFORE_GATE, ROUNDING)
+            sum_square += tl.sum(tail_h * tail_h, axis=1)
+        rstd = 1.0 / tl.sqrt(sum_square / group_size + eps)  # [BLOCK_ROWS]
+        h_hat = h * rstd[:, None]
+    else:
+        grouped = tl.reshape(h, [BLOCK_ROWS, GROUPS_PER_TILE, BLOCK_N])
+        sum_square = tl.sum(grouped * grouped, axis=2)  # [BLOCK_ROWS, GROUPS_PER_TILE]
+        rstd = 1.0 / tl.sqrt(sum_square / group_size + eps)
+        h_hat = tl.reshape(grouped * rstd[:, :, None], [BLOCK_ROWS, WIDTH])
+    y = forward_output(h_hat, act, gamma, X.dtype.element_ty, WEIGHT_PRODUCT_ROUNDED,
+                       HAS_WEIGHT, NORM_BEFORE_GATE, ROUNDING)
+    y = finish_y(y, X.dtype.element_ty, ROUND_Y)
+    tail_y = y
+    if TAIL_N > 0:
+        tail_y = forward_output(tail_h * rstd[:, None], tail_act, tail_gamma,
+                                X.dtype.element_ty, WEIGHT_PRODUCT_ROUNDED, HAS_WEIGHT,
+                                NORM_BEFORE_GATE, ROUNDING)
+        tail_y = finish_y(tail_y, X.dtype.element_ty, ROUND_Y)
+    return y, tail_y, rstd
+
+
+@triton.jit(do_not_specialize=RUNTIME_INTS)
+def quantized_forward_kernel(
+    X, GATE, W, Q, SCALE, RSTD, TENSOR_SCALE, AMAX,
+    rows, size1, size2,
+    stride_x0, stride_x1, stride_x2,
+    stride_gate0, stride_gate1, stride_gate2,
+    k, stride_scale_row, stride_scale_col, scale_col_tiles,
+    group_size, num_groups, eps,
+    LEADING_DIMS: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr,
+    GROUPS_PER_TILE: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
+    QUANT_BLOCK: tl.constexpr, SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr,
+    ROUND_Y: tl.constexpr, STORE_RSTD: tl.constexpr, AMAX_ONLY: tl.constexpr,
+):
+    """Program ``pid`` owns tile ``pid % (num_groups // GROUPS_PER_TILE)`` of rows
+    ``[pid // that * BLOCK_ROWS, +BLOCK_ROWS)``: one group ([BLOCK_ROWS, BLOCK_N] plus a
+    [BLOCK_ROWS, TAIL_N] tail), or GROUPS_PER_TILE whole groups of BLOCK_N side by side.
+    Output Q is the contiguous [rows, k] E4M3 tensor (as uint8 codes)."""
+    pid = tl.program_id(0)
+    tiles_per_row = num_groups // GROUPS_PER_TILE
+    tile = pid % tiles_per_row
+    row_block = pid // tiles_per_row
+    rows_idx = row_block.to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)  # [BLOCK_ROWS]
+    row_mask = rows_idx < rows
+    first_group = tile * GROUPS_PER_TILE
+    tile_offset = first_group.to(tl.int64) * group_size
+    WIDTH: tl.constexpr = BLOCK_N * GROUPS_PER_TILE
+    y, tail_y, rstd = tile_outputs(
+        X, GATE, W, rows_idx, row_mask, tile_offset, size1, size2, stride_x0, stride_x1,
+        stride_x2, stride_gate0, stride_gate1, stride_gate2, group_size, eps, LEADING_DIMS,
+        ROW_ALIGN, BLOCK_ROWS, BLOCK_N, TAIL_N, GROUPS_PER_TILE, HAS_WEIGHT, ZERO_CENTERED,
+        ACTIVATION, NORM_BEFORE_GATE, ROUNDING, WEIGHT_PRODUCT_ROUNDED, ROUND_Y)
+    quantize_tile(y, rows_idx, row_mask, tile_offset, group_size * GROUPS_PER_TILE, Q, SCALE,
+                  TENSOR_SCALE, AMAX, k, stride_scale_row, stride_scale_col, scale_col_tiles,
+                  BLOCK_ROWS, WIDTH, QUANT_BLOCK, SCALE_KIND, SWIZZLED, AMAX_ONLY)
+    if TAIL_N > 0:
+        quantize_tile(tail_y, rows_idx, row_mask, tile_offset + BLOCK_N, group_size - BLOCK_N,
+                      Q, SCALE, TENSOR_SCALE, AMAX, k, stride_scale_row, stride_scale_col,
+                      scale_col_tiles, BLOCK_ROWS, TAIL_N, QUANT_BLOCK, SCALE_KIND, SWIZZLED,
+                      AMAX_ONLY)
+    store_current_scale(SCALE, AMAX, SCALE_KIND, AMAX_ONLY)
+    if STORE_RSTD and not AMAX_ONLY:
+        if GROUPS_PER_TILE == 1:
+            tl.store(RSTD + rows_idx * num_groups + first_group, rstd, mask=row_mask)
+        else:
+            group_idx = first_group + tl.arange(0, GROUPS_PER_TILE)  # [GROUPS_PER_TILE]
+            tl.store(RSTD + rows_idx[:, None] * num_groups + group_idx[None, :], rstd,
+                     mask=row_mask[:, None])
+
+
+@triton.jit(do_not_specialize=["rows", "k", "stride_y", "stride_scale_row", "stride_scale_col",
+                               "scale_col_tiles"])
+def quantize_kernel(
+    Y, Q, SCALE, TENSOR_SCALE, AMAX,
+    rows, k, stride_y, stride_scale_row, stride_scale_col, scale_col_tiles,
+    BLOCK_ROWS: tl.constexpr, WIDTH: tl.constexpr, QUANT_BLOCK: tl.constexpr,
+    SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr, AMAX_ONLY: tl.constexpr,
+):
+    """Quantize a [rows, k] y (the unfused path for shapes whose groups and blocks do not
+    nest): program ``pid`` owns columns [pid % tiles * WIDTH, +WIDTH) of BLOCK_ROWS rows."""
+    pid = tl.program_id(0)
+    tiles_per_row = tl.cdiv(k, WIDTH)
+    col0 = (pid % tiles_per_row).to(tl.int64) * WIDTH
+    rows_idx = (pid // tiles_per_row).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    row_mask = rows_idx < rows
+    cols = tl.arange(0, WIDTH)
+    mask = row_mask[:, None] & (col0 + cols < k)[None, :]
+    y = tl.load(Y + rows_idx[:, None] * stride_y + col0 + cols[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    quantize_tile(y, rows_idx, row_mask, col0, k - col0, Q, SCALE, TENSOR_SCALE, AMAX, k,
+                  stride_scale_row, stride_scale_col, scale_col_tiles, BLOCK_ROWS, WIDTH,
+                  QUANT_BLOCK, SCALE_KIND, SWIZZLED, AMAX_ONLY)
+    store_current_scale(SCALE, AMAX, SCALE_KIND, AMAX_ONLY)

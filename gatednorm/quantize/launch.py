@@ -1,0 +1,199 @@
+"""Host side of the quantized forward: allocate, pick the tiling, launch.
+
+Inputs arrive validated with a unit-stride last dim. The tiling is the unquantized forward's
+one-tile configuration for the group size (config.forward_config: rows, width, tail, warps),
+so the sum of squares is reduced in the same layout and y has the op's bits. Shapes where
+neither the quantization block nests in the group nor the group in the block, and groups
+wider than a register tile, take the unfused path: the op's forward, then quantize_kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from torch.library import wrap_triton
+
+from gatednorm.kernels import launch as _op_launch
+from gatednorm.kernels.config import forward_config
+from gatednorm.kernels.layout import row_layout
+from gatednorm.quantize.columnwise import quantized_forward_columnwise_kernel
+from gatednorm.quantize.formats import (
+    FP8_DTYPE,
+    SWIZZLE_COLS,
+    Float8Format,
+    allocate_columnwise,
+    allocate_scales,
+)
+from gatednorm.quantize.kernels import quantize_kernel, quantized_forward_kernel
+from gatednorm.quantize.reference import columnwise_quantize
+
+# SCALE_KIND values of the kernels.
+BLOCK_FP32, BLOCK_POWER_OF_TWO, MXFP8_E8M0, TENSOR_GIVEN, TENSOR_CURRENT = range(5)
+# The unfused path's quantize tile: rows x columns a program.
+QUANTIZE_TILE_ROWS = 16
+QUANTIZE_TILE_COLUMNS = 128
+QUANTIZE_TILE_WARPS = 4
+
+
+def scale_kind(fmt: Float8Format) -> int:
+    if fmt.scaling == "tensor":
+        return TENSOR_CURRENT if fmt.scale is None else TENSOR_GIVEN
+    if fmt.scaling == "mxfp8":
+        return MXFP8_E8M0
+    return BLOCK_POWER_OF_TWO if fmt.power_of_two_scales else BLOCK_FP32
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """How the fused kernel covers a group: ``groups_per_tile`` groups of ``block_n`` (+
+    ``tail_n``) columns, ``block_rows`` rows, ``num_warps`` warps, loads at most
+    ``max_vector_elements`` wide (0: as the rows' alignment allows), all as the op's forward."""
+
+    block_rows: int
+    block_n: int
+    tail_n: int
+    groups_per_tile: int
+    num_warps: int
+    max_vector_elements: int
+
+
+def fused_tiling(group_size: int, num_groups: int, quant_block: int) -> Tiling | None:
+    """The fused kernel's tiling, or None for the unfused path. ``quant_block`` 0: per-tensor."""
+    config = forward_config(group_size)
+    if config.long_row:
+        return None
+    whole = Tiling(config.block_rows, config.block_n, config.tail_n, 1, config.num_warps,
+                   config.max_vector_elements)
+    if quant_block == 0:
+        return whole
+    if group_size % quant_block == 0:
+        # Blocks nest in the group: every tile (head and tail) must hold whole blocks.
+        if config.block_n % quant_block == 0 and config.tail_n % quant_block == 0:
+            return whole
+        return None
+    if (quant_block % group_size == 0 and config.block_n == group_size
+            and num_groups % (quant_block // group_size) == 0):
+        return Tiling(config.block_rows, config.block_n, 0, quant_block // group_size,
+                      config.num_warps, config.max_vector_elements)
+    return None
+
+
+def fused_kernel_tiling(group_size: int, num_groups: int, fmt: Float8Format) -> Tiling | None:
+    """The tiling of the kernel that writes every output ``fmt`` asks for, or None when the
+    unfused path writes them: the columnwise kernel walks a token block in the tile's row
+    sub-tiles, so the tile's rows must divide the block."""
+    tiling = fused_tiling(group_size, num_groups, fmt.block_size)
+    if tiling is not None and fmt.columnwise and fmt.block_size % tiling.block_rows:
+        return None
+    return tiling
+
+
+def _kernel_flags(fmt: Float8Format, kind: int) -> dict:
+    return dict(QUANT_BLOCK=max(fmt.block_size, 1), SCALE_KIND=kind,
+                SWIZZLED=fmt.scale_layout == "swizzled")
+
+
+def _scale_geometry(scales: torch.Tensor, fmt: Float8Format, k: int) -> tuple[int, int, int]:
+    """(row stride, column stride, swizzle column tiles) of the scale output."""
+    if fmt.scaling == "tensor":
+        return 0, 0, 0
+    if fmt.scale_layout == "swizzled":
+        blocks = k // fmt.block_size
+        return 0, 0, -(-blocks // SWIZZLE_COLS)
+    return scales.stride(0), scales.stride(1), 0
+
+
+def allocate_outputs(x, tensor_scale, group_size: int, fmt: Float8Format, store_rstd: bool):
+    """Empty (data, scales, rstd, amax, columnwise data, columnwise scales) of
+    :func:`quantized_forward` (also its fake implementation): amax zeroed (the kernels max
+    into it), a given per-tensor scale copied."""
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    device = x.device
+    data = torch.empty((rows, k), dtype=FP8_DTYPE, device=device)
+    scales = allocate_scales(fmt, rows, k, device)
+    if fmt.scaling == "tensor" and tensor_scale is not None:
+        scales = tensor_scale.reshape(1).clone()
+    rstd = torch.empty((*x.shape[:-1], k // group_size) if store_rstd else (0,),
+                       dtype=torch.float32, device=device)
+    amax = torch.zeros((1,) if fmt.scaling == "tensor" else (0,), dtype=torch.float32,
+                       device=device)
+    return (data, scales, rstd, amax, *allocate_columnwise(fmt, rows, k, device))
+
+
+def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma, activation,
+                      norm_before_gate, group_size, rounding, fmt: Float8Format,
+                      store_rstd: bool, traceable: bool):
+    """(data [rows, K] E4M3, scales, rstd [..., K / group_size] fp32 or empty, amax [1] fp32
+    or empty, columnwise data [K, rows] or empty, columnwise scales or empty) of the gated
+    norm of x, quantized in ``fmt``."""
+    data, scales, rstd, amax, col_data, col_scales = allocate_outputs(
+        x, tensor_scale, group_size, fmt, store_rstd)
+    k = x.shape[-1]
+    rows = data.shape[0]
+    num_groups = k // group_size
+    if rows == 0:
+        return data, scales, rstd, amax, col_data, col_scales
+    kind = scale_kind(fmt)
+    tiling = fused_kernel_tiling(group_size, num_groups, fmt)
+    run = (lambda kernel: wrap_triton(kernel)) if traceable else (lambda kernel: kernel)
+    scale_arg = tensor_scale if tensor_scale is not None else amax
+    scale_out = scales.view(torch.uint8) if fmt.scaling == "mxfp8" else scales
+    geometry = _scale_geometry(scales, fmt, k)
+    if tiling is None:
+        y, op_rstd = _op_launch.forward(
+            x, gate, weight, eps=eps, zero_centered_gamma=zero_centered_gamma,
+            activation=activation, norm_before_gate=norm_before_gate, group_size=group_size,
+            rounding=rounding, traceable=traceable, store_rstd=store_rstd)
+        if store_rstd:
+            rstd = op_rstd
+        y2d = y.reshape(rows, k)
+        if fmt.columnwise:
+            col_data, col_scales = columnwise_quantize(y2d, fmt)
+        grid = (triton.cdiv(rows, QUANTIZE_TILE_ROWS) * triton.cdiv(k, QUANTIZE_TILE_COLUMNS),)
+        passes = (True, False) if kind == TENSOR_CURRENT else (False,)
+        for amax_only in passes:
+            run(quantize_kernel)[grid](
+                y2d, data.view(torch.uint8), scale_out, scale_arg, amax, rows, k, k, *geometry,
+                BLOCK_ROWS=QUANTIZE_TILE_ROWS, WIDTH=QUANTIZE_TILE_COLUMNS,
+                AMAX_ONLY=amax_only, num_warps=QUANTIZE_TILE_WARPS, **_kernel_flags(fmt, kind))
+    else:
+        layout = row_layout([x, gate], group_size)
+        if layout is None:
+            x, gate = x.contiguous(), gate.contiguous()
+            layout = row_layout([x, gate], group_size)
+        layout_args = (layout.rows, layout.size1, layout.size2, *layout.strides[0],
+                       *layout.strides[1])
+        grid = (triton.cdiv(layout.rows, tiling.block_rows)
+                * (num_groups // tiling.groups_per_tile),)
+        meta = dict(
+            LEADING_DIMS=layout.leading_dims,
+            ROW_ALIGN=min(layout.row_align, tiling.max_vector_elements or layout.row_align),
+            BLOCK_ROWS=tiling.block_rows, BLOCK_N=tiling.block_n, TAIL_N=tiling.tail_n,
+            GROUPS_PER_TILE=tiling.groups_per_tile,
+            HAS_WEIGHT=weight is not None, ZERO_CENTERED=zero_centered_gamma,
+            ACTIVATION=_op_launch.ACTIVATION_FLAG[activation],
+            NORM_BEFORE_GATE=norm_before_gate, ROUNDING=_op_launch.ROUNDING_FLAG[rounding],
+            WEIGHT_PRODUCT_ROUNDED=(weight is not None and weight.dtype == x.dtype
+                                    and x.dtype != torch.float32),
+            ROUND_Y=fmt.quantize_rounded, STORE_RSTD=store_rstd,
+            num_warps=tiling.num_warps, **_kernel_flags(fmt, kind))
+        weight_arg = x if weight is None else weight
+        if fmt.columnwise:
+            grid = (triton.cdiv(layout.rows, fmt.block_size)
+                    * (num_groups // tiling.groups_per_tile),)
+            col_scale_out = (col_scales.view(torch.uint8) if fmt.scaling == "mxfp8"
+                             else col_scales)
+            run(quantized_forward_columnwise_kernel)[grid](
+                x, gate, weight_arg, data.view(torch.uint8), scale_out,
+                col_data.view(torch.uint8), col_scale_out, rstd, *layout_args, k, *geometry,
+                col_scales.shape[1], group_size, num_groups, eps, **meta)
+        passes = () if fmt.columnwise else (True, False) if kind == TENSOR_CURRENT else (False,)
+        for amax_only in passes:
+            run(quantized_forward_kernel)[grid](
+                x, gate, weight_arg, data.view(torch.uint8), scale_out, rstd, scale_arg, amax,
+                *layout_args, k, *geometry, group_size, num_groups, eps,
+                AMAX_ONLY=amax_only, **meta)
+    return data, scales, rstd, amax, col_data, col_scales

@@ -1,0 +1,214 @@
+"""The fused quantized forward through the Triton interpreter: data, scales and amax equal
+the reference quantizer's of the y the unquantized op returns, bit for bit."""
+
+import itertools
+
+import pytest
+import torch
+
+import gatednorm
+from gatednorm import ops
+from gatednorm.quantize import (
+    FORMAT_NAMES,
+    block_1x128,
+    mxfp8,
+    per_tensor,
+)
+from gatednorm.quantize.launch import fused_tiling
+from gatednorm.quantize.reference import mismatches
+
+pytestmark = pytest.mark.skipif(not ops.INTERPRET, reason="CPU kernel tests need TRITON_INTERPRET=1")
+
+ROUNDINGS = ("te", "fp32", "hf")
+DTYPES = (torch.float16, torch.bfloat16)
+# (x shape, group size): GDN heads as [tokens, H * D] with D = 128 (blocks nest in groups)
+# and D = 64 (a 128-block straddles two heads), Mamba2-like 640-wide groups (head 512 + tail
+# 128 tiles), a 96-wide group (head 64 + tail 32: MXFP8 nests, 1x128 takes the unfused path),
+# a whole row of 256. Token counts leave a partial block of tokens for the columnwise copy.
+SHAPES = [((40, 256), 128), ((130, 256), 64), ((33, 1280), 640), ((6, 384), 96),
+          ((5, 256), None)]
+
+
+def codes(t):
+    return t.view(torch.uint8)
+
+
+def inputs(shape, dtype, weight_dtype=None):
+    x = torch.randn(shape, dtype=dtype)
+    gate = torch.randn(shape, dtype=dtype) * 2
+    weight = 1 + 0.5 * torch.randn(shape[-1], dtype=weight_dtype or dtype)
+    return x, gate, weight
+
+
+def assert_matches_reference_of_op_output(result, y):
+    assert mismatches(result, y) == []
+
+
+def poisoned(monkeypatch):
+    """Make every empty output NaN-filled (uint8 0x7F: the NaN code) so unwritten elements
+    cannot pass."""
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        if t.dtype.is_floating_point:
+            t.view(torch.uint8).fill_(0x7F) if t.element_size() == 1 else t.fill_(float("nan"))
+        return t
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+@pytest.mark.parametrize("name", sorted(FORMAT_NAMES))
+@pytest.mark.parametrize("norm_before_gate, rounding",
+                         list(itertools.product((True, False), ROUNDINGS)))
+def test_every_format_order_and_rounding_matches_the_reference_quantizer(
+        name, norm_before_gate, rounding, monkeypatch):
+    index = sorted(FORMAT_NAMES).index(name) + ROUNDINGS.index(rounding)
+    dtype = DTYPES[index % 2]
+    activation = ("silu", "sigmoid")[(index // 2) % 2]
+    x, gate, weight = inputs((8, 256), dtype)
+    poisoned(monkeypatch)
+    result = gatednorm.rms_norm_gated(
+        x, gate, weight, quantize=name, group_size=128, activation=activation,
+        norm_before_gate=norm_before_gate, rounding=rounding)
+    monkeypatch.undo()
+    y = gatednorm.rms_norm_gated(x, gate, weight, group_size=128, activation=activation,
+                                 norm_before_gate=norm_before_gate, rounding=rounding)
+    assert_matches_reference_of_op_output(result, y)
+
+
+@pytest.mark.parametrize("shape, group", SHAPES)
+@pytest.mark.parametrize("fmt", [block_1x128(power_of_two_scales=True, columnwise=True),
+                                 mxfp8(swizzled=True, columnwise=True), per_tensor()],
+                         ids=["1x128_ue8m0_columnwise", "mxfp8_swizzled_columnwise", "tensor"])
+def test_group_layouts_match_the_reference_quantizer(shape, group, fmt, monkeypatch):
+    if shape[-1] % max(fmt.block_size, 1):
+        pytest.skip("K is not a multiple of the block")
+    x, gate, weight = inputs(shape, torch.float16)
+    poisoned(monkeypatch)
+    result = gatednorm.rms_norm_gated(x, gate, weight, quantize=fmt, group_size=group,
+                                      norm_before_gate=False, rounding="hf")
+    monkeypatch.undo()
+    y = gatednorm.rms_norm_gated(x, gate, weight, group_size=group, norm_before_gate=False,
+                                 rounding="hf")
+    assert_matches_reference_of_op_output(result, y)
+
+
+def test_the_shapes_take_the_fused_kernel_where_blocks_and_groups_nest():
+    assert fused_tiling(128, 2, 128).groups_per_tile == 1
+    assert fused_tiling(640, 2, 128).tail_n == 128
+    assert fused_tiling(64, 4, 128).groups_per_tile == 2
+    assert fused_tiling(96, 4, 32) is not None
+    assert fused_tiling(96, 4, 128) is None
+    assert fused_tiling(32768, 1, 128) is None
+
+
+def special_inputs(dtype):
+    """Rows whose y holds an all-zero block, NaN, +-inf, -0.0 and subnormal E4M3 results."""
+    x = torch.randn(4, 256, dtype=dtype)
+    gate = torch.randn(4, 256, dtype=dtype)
+    x[0] = 0  # y = 0 everywhere: amax 0
+    gate[1, 3] = float("nan")  # y NaN at one element
+    gate[2, 5] = float("inf")  # y +-inf
+    gate[2, 130] = -float("inf")  # silu(-inf) = NaN * 0 = NaN (PyTorch's and the kernel's)
+    gate[3, :128] = -0.0  # silu(-0) = -0: y = -0 or +0 by x's sign
+    x[3, 128] = 300  # one large element: the rest of its block gives subnormal E4M3 results
+    return x, gate
+
+
+# Groups of 96 straddle the 128-element blocks (the unfused path); MXFP8's 32-element blocks
+# fit them and take the fused kernel, as the 96-wide case above.
+@pytest.mark.parametrize("name, group", [
+    (name, 128) for name in ("1x128", "1x128_ue8m0", "mxfp8", "per_tensor")] + [
+    (name, 96) for name in ("1x128", "1x128_ue8m0", "per_tensor")])
+def test_zero_nan_inf_negative_zero_and_subnormal_blocks_match_the_reference(name, group):
+    x, gate = special_inputs(torch.float16)
+    if group == 96:
+        x, gate = x[:, :192].repeat(1, 2), gate[:, :192].repeat(1, 2)  # 4 groups of 96
+    result = gatednorm.rms_norm_gated(x, gate, quantize=name, group_size=group)
+    y = gatednorm.rms_norm_gated(x, gate, group_size=group)
+    assert y.isnan().any() and y.isinf().any() and (y == 0).all(-1).any()
+    assert_matches_reference_of_op_output(result, y)
+    assert codes(result.data)[3, :128].eq(0x80).any()
+
+
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_quantize_rounded_false_quantizes_the_fp32_value(rounding):
+    x, gate, weight = inputs((8, 256), torch.bfloat16)
+    fmt = block_1x128(quantize_rounded=False)
+    result = gatednorm.rms_norm_gated(x, gate, weight, quantize=fmt, group_size=128,
+                                      rounding=rounding)
+    exact = gatednorm.rms_norm_gated(x.double(), gate.double(), weight.double(),
+                                     group_size=128, rounding=rounding)
+    rounded = gatednorm.rms_norm_gated(x, gate, weight, quantize="1x128", group_size=128,
+                                       rounding=rounding)
+    error = (result.dequantize(torch.float64) - exact).abs()
+    assert torch.all(error <= exact.abs().unflatten(-1, (2, 128)).amax(-1, keepdim=True)
+                     .expand(-1, -1, 128).flatten(-2) * 2.0 ** -3)
+    assert not torch.equal(codes(result.data), codes(rounded.data))
+    if rounding == "fp32":
+        # With every intermediate in fp32, the fp32 value is the float32 op's output.
+        y32 = gatednorm.rms_norm_gated(x.float(), gate.float(), weight.float(),
+                                       group_size=128, rounding="fp32")
+        assert_matches_reference_of_op_output(result, y32)
+
+
+def test_quantize_rounded_false_on_the_unfused_path_raises():
+    x, gate, _ = inputs((4, 384), torch.float16)
+    with pytest.raises(ValueError, match="quantize_rounded=False"):
+        gatednorm.rms_norm_gated(x, gate, quantize=block_1x128(quantize_rounded=False),
+                                 group_size=96)
+
+
+def test_strided_inputs_and_the_gdn_head_view():
+    # x a permuted [B, S, H * D] view, the gate a slice of a wider projection output.
+    x = torch.randn(3, 2, 256, dtype=torch.float16).transpose(0, 1)
+    projection = torch.randn(2, 3, 512, dtype=torch.float16)
+    gate = projection[..., 128:384]
+    result = gatednorm.rms_norm_gated(x, gate, quantize="1x128_column", group_size=64)
+    y = gatednorm.rms_norm_gated(x, gate, group_size=64)
+    assert result.data.shape == (6, 256) and result.shape == (2, 3, 256)
+    assert_matches_reference_of_op_output(result, y)
+
+
+def test_delayed_scaling_uses_the_given_scale_and_reports_amax():
+    x, gate, weight = inputs((8, 256), torch.float16)
+    scale = torch.tensor([0.004])
+    amax_out = torch.full((1,), float("nan"))
+    result = gatednorm.rms_norm_gated(x, gate, weight, quantize=per_tensor(scale,
+                                                                           amax_out=amax_out))
+    y = gatednorm.rms_norm_gated(x, gate, weight)
+    assert_matches_reference_of_op_output(result, y)
+    assert torch.equal(amax_out, y.float().abs().amax().reshape(1))
+    assert torch.equal(result.scale, scale)
+    assert codes(result.data).eq(0x7E).any()  # saturated at 448
+
+
+def test_module_with_quantize_returns_the_quantized_output():
+    module = gatednorm.RMSNormGated(256, group_size=128, quantize="mxfp8").half()
+    x, gate, _ = inputs((4, 256), torch.float16)
+    result = module(x, gate)
+    assert isinstance(result, gatednorm.quantize.QuantizedOutput)
+    plain = gatednorm.RMSNormGated(256, group_size=128).half()
+    assert_matches_reference_of_op_output(result, plain(x, gate))
+
+
+def test_empty_input_returns_empty_outputs():
+    x = torch.empty(0, 256, dtype=torch.float16)
+    result = gatednorm.rms_norm_gated(x, x, quantize="mxfp8_swizzled")
+    assert result.data.shape == (0, 256) and result.scale.numel() == 0
+
+
+@pytest.mark.parametrize("x_dtype, weight_dtype, zero_centered", [
+    (torch.float32, torch.float32, False),
+    (torch.bfloat16, torch.float32, True),
+    (torch.float16, None, False),
+])
+def test_fp32_inputs_fp32_weights_zero_centered_and_no_weight(x_dtype, weight_dtype,
+                                                              zero_centered):
+    x, gate, weight = inputs((8, 256), x_dtype, weight_dtype)
+    weight = None if weight_dtype is None else weight
+    options = dict(group_size=128, rounding="hf", zero_centered_gamma=zero_centered)
+    result = gatednorm.rms_norm_gated(x, gate, weight, quantize="1x128", **options)
+    assert_matches_reference_of_op_output(result, gatednorm.rms_norm_gated(x, gate, weight,
+                                                                           **options))
