@@ -1,0 +1,92 @@
+"""gatednorm on DTensors: tensor, sequence and FSDP2 parallelism without gathering.
+
+Importing this package registers DTensor sharding rules for the registered ops
+``torch.ops.gatednorm.rms_norm_gated_fwd`` and ``rms_norm_gated_bwd`` (see
+:mod:`gatednorm.distributed.sharding`). :func:`gatednorm.rms_norm_gated` imports it on its
+first DTensor call, so ``import gatednorm`` does not pay for ``torch.distributed.tensor``.
+
+Placements, decided by x's (the gate, weight and dy are redistributed to match):
+
+====================================  ======================  =========  ==================
+x (and the gate)                      y, dx, dgate            weight     dweight
+====================================  ======================  =========  ==================
+``Shard(d)``, d a leading dim         ``Shard(d)``            Replicate  ``Partial("sum")``
+``Shard(-1)``, shards of whole groups ``Shard(-1)``           Shard(0)   ``Shard(0)``
+``Replicate()`` (or ``Partial``)      ``Replicate()``         Replicate  ``Replicate()``
+====================================  ======================  =========  ==================
+
+A last-dim shard that splits a group raises a ValueError naming x's placement. On several mesh
+dims each is read on its own (``[Shard(0), Shard(-1)]`` gives a dweight of
+``[Partial(), Shard(0)]``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from gatednorm import reference
+from gatednorm.distributed import sharding
+from gatednorm.distributed.sharding import dweight_placements, row_placements, weight_placements
+
+__all__ = ["check_dtensor_args", "rms_norm_gated"]
+
+sharding.register()
+
+
+def check_dtensor_args(x, gate, weight) -> None:
+    """x, the gate and the weight (if any) are all DTensors on one mesh, or none is."""
+    named = [("x", x), ("gate", gate)] + ([("weight", weight)] if weight is not None else [])
+    dtensors = [(name, t) for name, t in named if isinstance(t, DTensor)]
+    if not dtensors:
+        return
+    for name, t in named:
+        if not isinstance(t, DTensor):
+            raise TypeError(
+                f"{name} must be a DTensor like {dtensors[0][0]} (placements "
+                f"{dtensors[0][1].placements}), got a plain {type(t).__name__}; convert it with "
+                f"torch.distributed.tensor.distribute_tensor or DTensor.from_local")
+    mesh = x.device_mesh
+    for name, t in named[1:]:
+        if t.device_mesh != mesh:
+            raise ValueError(
+                f"{name} must be on x's device mesh {mesh}, got {t.device_mesh} "
+                f"(placements {t.placements})")
+
+
+def rms_norm_gated(x: DTensor, gate: DTensor, weight: DTensor | None, eps: float,
+                   zero_centered_gamma: bool, activation: str, norm_before_gate: bool,
+                   group_size: int, rounding: str, *, fused: bool) -> DTensor:
+    """The gated norm of checked DTensor arguments (``group_size`` an int), placed as the table
+    above says. ``fused`` (the local shards run the Triton kernels) calls the registered op,
+    which DTensor propagates with the sharding rules; otherwise (CPU without the interpreter,
+    float64) each rank runs the reference composite on its shards, placed by the same rules."""
+    if fused:
+        y, _ = torch.ops.gatednorm.rms_norm_gated_fwd(
+            x, gate, weight, eps, zero_centered_gamma, activation, norm_before_gate,
+            group_size, rounding)
+        return y
+    mesh, last = x.device_mesh, x.dim() - 1
+    rows = row_placements(x.placements, mesh, x.shape, group_size)
+    x_local = x.redistribute(mesh, rows).to_local()
+    gate_local = gate.redistribute(mesh, rows).to_local()
+    weight_local = None
+    if weight is not None:
+        # The weight's local gradient is this rank's rows' share: a Partial sum on the mesh
+        # dims that shard rows, a shard of it where the columns are sharded.
+        weight_local = weight.redistribute(mesh, weight_placements(rows, last)).to_local(
+            grad_placements=dweight_placements(rows, last))
+    y = reference.rms_norm_gated(
+        x_local, gate_local, weight_local, eps=eps, zero_centered_gamma=zero_centered_gamma,
+        activation=activation, norm_before_gate=norm_before_gate, group_size=group_size,
+        rounding=rounding)
+    return DTensor.from_local(y, mesh, rows, run_check=False, shape=x.shape,
+                              stride=_contiguous_strides(x.shape))
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
