@@ -61,7 +61,7 @@ def rms_norm_gated(x: DTensor, gate: DTensor, weight: DTensor | None, eps: float
     above says. ``fused`` (the local shards run the Triton kernels) calls the registered op,
     which DTensor propagates with the sharding rules; otherwise (CPU without the interpreter,
     float64) each rank runs the reference composite on its shards, placed by the same rules."""
-    if fused:
+    if fused or not isinstance(x, DTensor):
         y, _ = torch.ops.gatednorm.rms_norm_gated_fwd(
             x, gate, weight, eps, zero_centered_gamma, activation, norm_before_gate,
             group_size, rounding)
