@@ -67,6 +67,18 @@ def _check(x, gate, weight, eps, zero_centered_gamma, activation, norm_before_ga
     return fused, group
 
 
+def _subclass_rms_norm_gated(x, gate, weight, eps, zero_centered_gamma, activation,
+                             norm_before_gate, group_size, rounding):
+    """DTensor inputs: checked on their global shapes, then placed by gatednorm.distributed."""
+    from gatednorm import distributed
+
+    distributed.check_dtensor_args(x, gate, weight)
+    fused, group = _check(x, gate, weight, eps, zero_centered_gamma, activation,
+                          norm_before_gate, group_size, rounding)
+    return distributed.rms_norm_gated(x, gate, weight, float(eps), zero_centered_gamma,
+                                      activation, norm_before_gate, group, rounding, fused=fused)
+
+
 def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None = None, *,
                    eps: float = 1e-6, zero_centered_gamma: bool = False,
                    activation: str = "silu", norm_before_gate: bool = True,
@@ -107,6 +119,10 @@ def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | N
     Triton kernels through the interpreter when ``TRITON_INTERPRET=1`` is set. Under
     ``torch.autocast`` the inputs are taken as given (no cast is inserted).
     """
+    if type(x) is not torch.Tensor or type(gate) is not torch.Tensor or (
+            weight is not None and type(weight) not in (torch.Tensor, torch.nn.Parameter)):
+        return _subclass_rms_norm_gated(x, gate, weight, eps, zero_centered_gamma, activation,
+                                        norm_before_gate, group_size, rounding)
     compiling = torch.compiler.is_compiling()
     signature = None if compiling else _signature(
         x, gate, weight, eps, zero_centered_gamma, activation, norm_before_gate, group_size,
