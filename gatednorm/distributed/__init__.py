@@ -61,27 +61,49 @@ def rms_norm_gated(x: DTensor, gate: DTensor, weight: DTensor | None, eps: float
     above says. ``fused`` (the local shards run the Triton kernels) calls the registered op,
     which DTensor propagates with the sharding rules; otherwise (CPU without the interpreter,
     float64) each rank runs the reference composite on its shards, placed by the same rules."""
+    if isinstance(x, DTensor):
+        # Checked here too so that a split group is a ValueError, not DTensor's RuntimeError.
+        mesh, last = x.device_mesh, x.dim() - 1
+        rows = row_placements(x.placements, mesh, x.shape, group_size)
     if fused or not isinstance(x, DTensor):
         y, _ = torch.ops.gatednorm.rms_norm_gated_fwd(
             x, gate, weight, eps, zero_centered_gamma, activation, norm_before_gate,
             group_size, rounding)
         return y
-    mesh, last = x.device_mesh, x.dim() - 1
-    rows = row_placements(x.placements, mesh, x.shape, group_size)
-    x_local = x.redistribute(mesh, rows).to_local()
-    gate_local = gate.redistribute(mesh, rows).to_local()
+    x_local = _LocalShard.apply(x, rows, rows)
+    gate_local = _LocalShard.apply(gate, rows, rows)
     weight_local = None
     if weight is not None:
         # The weight's local gradient is this rank's rows' share: a Partial sum on the mesh
         # dims that shard rows, a shard of it where the columns are sharded.
-        weight_local = weight.redistribute(mesh, weight_placements(rows, last)).to_local(
-            grad_placements=dweight_placements(rows, last))
+        weight_local = _LocalShard.apply(weight, weight_placements(rows, last),
+                                         dweight_placements(rows, last))
     y = reference.rms_norm_gated(
         x_local, gate_local, weight_local, eps=eps, zero_centered_gamma=zero_centered_gamma,
         activation=activation, norm_before_gate=norm_before_gate, group_size=group_size,
         rounding=rounding)
     return DTensor.from_local(y, mesh, rows, run_check=False, shape=x.shape,
                               stride=_contiguous_strides(x.shape))
+
+
+class _LocalShard(torch.autograd.Function):
+    """A DTensor's local shard in the given placements, whose gradient goes back as a DTensor in
+    ``grad_placements``: what DTensor's dispatch does around the registered op, so both paths
+    return gradients placed alike (a redistribute's own backward would move them back to the
+    input's placements)."""
+
+    @staticmethod
+    def forward(ctx, t, placements, grad_placements):
+        ctx.spec = (t.device_mesh, tuple(grad_placements), t.shape, t.stride())
+        if tuple(t.placements) != tuple(placements):
+            t = t.redistribute(t.device_mesh, placements)
+        return t.to_local()
+
+    @staticmethod
+    def backward(ctx, grad):
+        mesh, placements, shape, stride = ctx.spec
+        return DTensor.from_local(grad, mesh, placements, run_check=False, shape=shape,
+                                  stride=stride), None, None
 
 
 def _contiguous_strides(shape) -> tuple[int, ...]:
