@@ -1,5 +1,6 @@
 """Spawned ranks of the distributed tests: ``launch(job, world_size)`` starts one process a rank
-(gloo on CPU, NCCL on CUDA), rendezvous through a file, and runs ``JOBS[job]`` on each. A job
+(gloo on CPU, NCCL on CUDA), rendezvous through a file, and runs the function ``job`` names
+(``"module.function"``, or a function of tests/distributed_checks.py) on each. A job
 asserts everything it checks; a rank that fails prints its traceback and exits non-zero, and
 ``launch`` raises with every rank's output. Each job batches many checks, because each spawn
 imports torch (and Triton) once per rank.
@@ -58,9 +59,10 @@ def _main(job, rank, world_size, rendezvous, backend):
     dist.init_process_group(backend, init_method=rendezvous, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=60))
     try:
-        import distributed_checks
+        import importlib
 
-        getattr(distributed_checks, job)()
+        module, _, function = job.rpartition(".")
+        getattr(importlib.import_module(module or "distributed_checks"), function)()
         dist.barrier()
     finally:
         dist.destroy_process_group()
