@@ -199,3 +199,21 @@ def megatron_sequence_parallel():
     assert_same_rows(y.detach(), plain(x, gate).detach().chunk(n)[rank], "megatron y")
     assert_same_rows(local_x.grad, xs.grad.chunk(n)[rank], "megatron dx")
     assert_dweight_close(norm.weight.grad, plain.weight.grad, x.numel() // HEAD_DIM)
+
+
+def compiled_tensor_parallel():
+    """torch.compile of the head-parallel model: the same loss curve as one device, eager."""
+    model, data = _model_and_data()
+    reference = _train(copy.deepcopy(model), data, _mean_square)
+    mesh = init_device_mesh(DEVICE, (dist.get_world_size(),))
+    heads = _parallelize_heads(copy.deepcopy(model), mesh)
+    compiled = torch.compile(heads, fullgraph=True)
+    optimizer = torch.optim.SGD(heads.parameters(), lr=0.5, foreach=False)
+    losses = []
+    for h in data:
+        optimizer.zero_grad()
+        loss = _mean_square(compiled(h))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    _assert_same_curve(losses, reference, "compiled tensor parallel")

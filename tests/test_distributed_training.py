@@ -1,6 +1,7 @@
 """Training a tiny gated block on CPU ranks (gloo) with the plans users write, against one
-device: tensor parallel over heads, sequence parallel over tokens, FSDP2, and Megatron's
-sequence-parallel gradient reduction. See tests/distributed_training.py."""
+device: tensor parallel over heads, sequence parallel over tokens, FSDP2, Megatron's
+sequence-parallel gradient reduction, and torch.compile(fullgraph=True) of the tensor-parallel
+model (about 40 s a spawn on CPU: slow). See tests/distributed_training.py."""
 
 import pytest
 
@@ -33,3 +34,9 @@ def test_plans_train_like_one_device_on_four_ranks(job, interpret):
                                  "megatron_sequence_parallel"])
 def test_plans_train_like_one_device_on_the_reference_path(job):
     launch(f"distributed_training.{job}", 2, interpret=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("interpret", PATHS)
+def test_compiled_tensor_parallel_model_trains_like_one_device(interpret):
+    launch("distributed_training.compiled_tensor_parallel", 2, interpret=interpret)
