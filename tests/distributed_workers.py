@@ -23,7 +23,7 @@ def launch(job: str, world_size: int, *, interpret: bool = True, backend: str = 
            timeout_s: int = 300) -> list[str]:
     """Runs ``job`` on ``world_size`` ranks; returns each rank's stdout."""
     env = dict(os.environ, TRITON_INTERPRET="1" if interpret else "0",
-               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"),
+               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), str(REPO / "examples"),
                                            os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as tmp:
