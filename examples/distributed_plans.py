@@ -82,7 +82,7 @@ def tiny_model(device) -> nn.Sequential:
     return model
 
 
-def _shard_weight_by_columns(name, module, mesh):
+def shard_weight_by_columns(name, module, mesh):
     # Mamba2's norm weight follows the inner width: each rank holds its groups' weights.
     for key, param in list(module.named_parameters()):
         module.register_parameter(
@@ -99,7 +99,7 @@ def parallelize_heads(model: nn.Sequential, mesh) -> nn.Sequential:
     for block in model:
         parallelize_module(block, mesh, plan)
         if isinstance(block, Mamba2Block):
-            distribute_module(block.norm, mesh, _shard_weight_by_columns)
+            distribute_module(block.norm, mesh, shard_weight_by_columns)
         else:
             distribute_module(block.norm, mesh)  # replicated weight
     return model

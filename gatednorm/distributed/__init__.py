@@ -66,6 +66,10 @@ def rms_norm_gated(x: DTensor, gate: DTensor, weight: DTensor | None, eps: float
         mesh, last = x.device_mesh, x.dim() - 1
         rows = row_placements(x.placements, mesh, x.shape, group_size)
     if fused or not isinstance(x, DTensor):
+        # The kernels read a unit-stride last dim, as on the plain path.
+        x, gate = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, gate))
+        if weight is not None and weight.stride(-1) != 1:
+            weight = weight.contiguous()
         y, _ = torch.ops.gatednorm.rms_norm_gated_fwd(
             x, gate, weight, eps, zero_centered_gamma, activation, norm_before_gate,
             group_size, rounding)
