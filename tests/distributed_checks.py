@@ -56,7 +56,7 @@ def assert_dweight_close(actual, expected, rows):
 
 
 def run_case(mesh, shape, placements, *, gate_placements=None, weight_placements=None,
-             dtype=torch.float32, has_weight=True, expect_y=None, expect_dweight=None,
+             dy_placements=None, dtype=torch.float32, has_weight=True, expect_y=None, expect_dweight=None,
              **options):
     torch.manual_seed(1234)
     x, gate, weight, dy = make_inputs(shape, dtype, has_weight=has_weight,
@@ -81,7 +81,7 @@ def run_case(mesh, shape, placements, *, gate_placements=None, weight_placements
         assert isinstance(y, DTensor), type(y)
         if expect_y is not None:
             assert tuple(y.placements) == tuple(expect_y), (y.placements, expect_y)
-        y.backward(distribute_tensor(dy, mesh, y.placements))
+        y.backward(distribute_tensor(dy, mesh, dy_placements or y.placements))
     label = f"{shape} {placements} {options}"
     for name, got, want in (("y", y, y_plain), ("dx", dx_.grad, leaves[0].grad),
                             ("dgate", dg_.grad, leaves[1].grad)):
@@ -130,9 +130,10 @@ def placements():
     # A replicated weight is sharded to x's columns; Shard(-1) is Shard(ndim - 1).
     run_case(mesh, (2, 3, 8 * n), [Shard(-1)], group_size=8, expect_y=[Shard(2)],
              expect_dweight=[Shard(0)], rounding="hf")
-    # The gate is redistributed to x's placement; a replicated x stays replicated.
+    # The gate (and dy) are redistributed to x's placement; a replicated x stays replicated.
     run_case(mesh, (2 * n, 2 * n, 8), [Shard(0)], gate_placements=[Shard(1)],
-             expect_y=[Shard(0)], expect_dweight=[Partial()])
+             dy_placements=[Replicate()], dtype=torch.bfloat16, expect_y=[Shard(0)],
+             expect_dweight=[Partial()])
     run_case(mesh, (4, 8), [Replicate()], gate_placements=[Shard(0)],
              expect_y=[Replicate()], expect_dweight=[Replicate()])
     errors(mesh)

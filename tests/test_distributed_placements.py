@@ -5,6 +5,7 @@ path with it off."""
 
 import pytest
 
+from conftest import run_interpreted
 from distributed_workers import launch
 
 PATHS = [pytest.param(True, id="kernels-interpreted"), pytest.param(False, id="reference")]
@@ -25,3 +26,10 @@ def test_each_placement_matches_one_device_on_four_ranks(interpret):
 @pytest.mark.parametrize("interpret", PATHS)
 def test_rows_and_columns_sharded_on_a_two_dim_mesh(interpret):
     launch("placements_2d", 4, interpret=interpret)
+
+
+def test_import_gatednorm_does_not_import_dtensor():
+    # The rules register on the first DTensor call; plain users do not pay for the import.
+    run_interpreted("import sys, torch, gatednorm\n"
+                    "assert 'torch.distributed.tensor' not in sys.modules\n"
+                    "assert 'gatednorm.distributed' not in sys.modules\n")
