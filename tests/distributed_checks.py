@@ -136,7 +136,22 @@ def placements():
              expect_dweight=[Partial()])
     run_case(mesh, (4, 8), [Replicate()], gate_placements=[Shard(0)],
              expect_y=[Replicate()], expect_dweight=[Replicate()])
+    partial_x_is_reduced_first(mesh)
     errors(mesh)
+
+
+def partial_x_is_reduced_first(mesh):
+    """A Partial x (a row-parallel output before its reduction) is summed before the norm."""
+    x, gate, weight, _ = make_inputs((4, 8), torch.float32)
+    x, gate, weight = (t.to(DEVICE) for t in (x, gate, weight))
+    expected = gatednorm.rms_norm_gated(x, gate, weight)
+    replicated = [distribute_tensor(t, mesh, [Replicate()]) for t in (x, gate, weight)]
+    # Rank 0 holds x, the others zeros: the sum is x exactly.
+    share = x if dist.get_rank() == 0 else torch.zeros_like(x)
+    partial = DTensor.from_local(share, mesh, [Partial()], run_check=False)
+    y = gatednorm.rms_norm_gated(partial, *replicated[1:])
+    assert tuple(y.placements) == (Replicate(),), y.placements
+    assert_same_rows(y.full_tensor(), expected, "y of a Partial x")
 
 
 def errors(mesh):
