@@ -4,9 +4,11 @@ Exits of :func:`run`, in order:
 
 1. ``reference``: float64 inputs (gradcheck) and devices the kernels do not run on (CPU
    without ``TRITON_INTERPRET=1``, meta) run :func:`gatednorm.reference.rms_norm_gated`.
-2. ``registered op``: under torch.compile, and for tensor subclasses (DTensor and any
+2. ``registered op``: under torch.compile, and for tensor subclasses (any
    ``type(t) is not torch.Tensor``), ``torch.ops.gatednorm.rms_norm_gated_fwd``, so that
-   the compiler traces it and a subclass's op-level rules (DTensor sharding) apply.
+   the compiler traces it and a subclass's op-level rules apply. DTensors go through
+   :func:`gatednorm.distributed.rms_norm_gated`: the registered op with its sharding rules
+   where the kernels run, the reference composite on each rank's shards elsewhere.
 3. ``eager``: everything else, :func:`gatednorm.ops.eager`.
 
 A call with ``quantize`` (an FP8 output) takes :func:`run_quantized` instead, with the same
@@ -49,6 +51,11 @@ def call_key(x, gate, weight, raw_options: tuple) -> tuple | None:
             gate.device, weight_part, raw_options)
 
 
+def _has_subclass(x, gate, weight) -> bool:
+    return (type(x) is not torch.Tensor or type(gate) is not torch.Tensor
+            or (weight is not None and type(weight) not in _PLAIN_TYPES))
+
+
 def _check(x, gate, weight, raw_options: tuple) -> tuple[GatedNormOptions, bool]:
     """Every argument check; returns (the options with group_size resolved, whether the
     call runs the fused kernels). Reads only what a DTensor also answers (types, shapes,
@@ -66,6 +73,13 @@ def run(x, gate, weight, raw_options: tuple, key: tuple | None) -> torch.Tensor:
     """y of a call: checked (once per ``key``, in ``launch.cached``), then one of the three
     exits. ``raw_options`` are the six option values as the caller gave them, in
     GatedNormOptions' order; ``key`` is :func:`call_key` of the call, or None."""
+    if key is None and _has_subclass(x, gate, weight):
+        # Imported here: torch.distributed.tensor loads only in programs with tensor subclasses.
+        from gatednorm import distributed
+
+        if distributed.dtensor_call(x, gate, weight):
+            options, fused = _check(x, gate, weight, raw_options)
+            return distributed.rms_norm_gated(x, gate, weight, options, fused=fused)
     if key is None:
         options, fused = _check(x, gate, weight, raw_options)
     else:
@@ -87,9 +101,7 @@ def run(x, gate, weight, raw_options: tuple, key: tuple | None) -> torch.Tensor:
     if weight is not None and weight.stride(-1) != 1:
         weight, copied = weight.contiguous(), True
 
-    if key is None and (torch.compiler.is_compiling() or type(x) is not torch.Tensor
-                        or type(gate) is not torch.Tensor
-                        or (weight is not None and type(weight) not in _PLAIN_TYPES)):
+    if key is None and (torch.compiler.is_compiling() or _has_subclass(x, gate, weight)):
         return ops.registered(x, gate, weight, options)
     return ops.eager(x, gate, weight, options, None if copied else key)
 
