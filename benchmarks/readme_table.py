@@ -4,7 +4,9 @@
     python benchmarks/readme_table.py --write README.md         # replace the README's block
     python benchmarks/readme_table.py --check README.md         # exit 1 if the README's block differs
 
-The block sits between the markers ``<!-- perf-table:start -->`` and ``<!-- perf-table:end -->``.
+The block sits between the markers ``<!-- perf-table:start -->`` and ``<!-- perf-table:end -->``;
+the FP8-output table (the file's ``quantized`` section) between ``<!-- fp8-table:start -->``
+and ``<!-- fp8-table:end -->``.
 Rows: the bf16 model shapes with a contiguous gate (and GDN with a gate sliced from a
 projection), then the bf16 D sweep in two ranges; one decode line. Every figure is read from
 the file: gatednorm's fraction of the copy bandwidth per pass (``frac_copy``), its fwd+bwd
@@ -126,11 +128,59 @@ def block(result: dict, results_path: str) -> str:
     return "\n".join(lines)
 
 
-def replace_block(text: str, new_block: str) -> str:
-    start, end = text.find(START), text.find(END)
+# The FP8-output table: the results file's "quantized" section (python -m gatednorm.bench
+# --quantized), one row per model shape, one column per format.
+FP8_START, FP8_END = "<!-- fp8-table:start -->", "<!-- fp8-table:end -->"
+FP8_FORMATS = (("1x128", "1x128"), ("1x128_ue8m0", "1x128 UE8M0"), ("mxfp8", "MXFP8"),
+               ("delayed", "per-tensor delayed"), ("per_tensor", "per-tensor current"),
+               ("1x128_columnwise", "1x128 + columnwise"))
+
+
+def fp8_block(result: dict, results_path: str) -> str:
+    quantized = result.get("quantized")
+    if quantized is None:
+        return "\n".join([FP8_START, f"Not measured yet (`{results_path}` has no `quantized` "
+                                      f"section).", FP8_END])
+    index = {(r["case"], r["format"]): r for r in quantized["records"]}
+    cases = list(dict.fromkeys(r["case"] for r in quantized["records"]))
+    header = "| case | " + " | ".join(label for _, label in FP8_FORMATS) + " |"
+    lines = [FP8_START,
+             f"{quantized['gpu']}, bf16 inputs, `{results_path}` (`quantized`): the fused "
+             f"forward's time, its bytes as a percentage of the copy bandwidth "
+             f"({_whole(quantized['copy_gbps'])} GB/s), and its speedup over the same work "
+             f"unfused (gatednorm's bf16 forward, then the fastest quantizer measured for the "
+             f"format).", "", header, "|" + " --- |" * (len(FP8_FORMATS) + 1)]
+    for case in cases:
+        cells = []
+        for name, _ in FP8_FORMATS:
+            r = index.get((case, name))
+            cells.append("-" if r is None or r["status"] != "ok" else
+                         f"{r['fused_ms'] * 1e3:.0f} us, {100 * r['fused_frac_copy']:.0f} %, "
+                         f"{r['speedup_vs_fastest_unfused']:.2f}x")
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    decode = quantized.get("decode", [])
+    if decode:
+        diffs = [d["difference_us"] for d in decode]
+        tokens = [d["tokens"] for d in decode]
+        lines += ["", f"Decode ({min(tokens)} to {max(tokens)} tokens x 32 x 128, in a CUDA "
+                      f"graph): the 1x128 output costs {_span(diffs, lambda v: f'{v:.2f}', ' us')} "
+                      f"more than the bf16 forward."]
+    lines.append(FP8_END)
+    return "\n".join(lines)
+
+
+def replace_block(text: str, new_block: str, start_marker: str = START,
+                  end_marker: str = END) -> str:
+    start, end = text.find(start_marker), text.find(end_marker)
     if start < 0 or end < start:
-        raise ValueError(f"no {START} ... {END} block found")
-    return text[:start] + new_block + text[end + len(END):]
+        raise ValueError(f"no {start_marker} ... {end_marker} block found")
+    return text[:start] + new_block + text[end + len(end_marker):]
+
+
+def readme_with_tables(text: str, result: dict, results_path: str) -> str:
+    """``text`` with both generated blocks replaced."""
+    text = replace_block(text, block(result, results_path))
+    return replace_block(text, fp8_block(result, results_path), FP8_START, FP8_END)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,16 +192,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="exit 1 if its block differs from the generated one")
     args = parser.parse_args(argv)
     result = json.loads(args.results.read_text())
-    new_block = block(result, args.results.as_posix())
+    path = args.results.as_posix()
     if args.write:
-        args.write.write_text(replace_block(args.write.read_text(), new_block))
+        args.write.write_text(readme_with_tables(args.write.read_text(), result, path))
     elif args.check:
-        if replace_block(args.check.read_text(), new_block) != args.check.read_text():
-            print(f"{args.check}: the performance table differs from {args.results}; run "
+        if readme_with_tables(args.check.read_text(), result, path) != args.check.read_text():
+            print(f"{args.check}: the performance tables differ from {args.results}; run "
                   f"python benchmarks/readme_table.py --write {args.check}", file=sys.stderr)
             return 1
     else:
-        print(new_block)
+        print(block(result, path) + "\n\n" + fp8_block(result, path))
     return 0
 
 

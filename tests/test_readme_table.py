@@ -23,9 +23,9 @@ def result():
 
 def test_readme_table_matches_the_committed_results(result):
     readme = (ROOT / "README.md").read_text()
-    generated = readme_table.block(result, "benchmarks/results/h200.json")
-    assert readme_table.replace_block(readme, generated) == readme, (
-        "README.md's performance table is stale: python benchmarks/readme_table.py --write "
+    generated = readme_table.readme_with_tables(readme, result, "benchmarks/results/h200.json")
+    assert generated == readme, (
+        "README.md's performance tables are stale: python benchmarks/readme_table.py --write "
         "README.md")
 
 

@@ -101,6 +101,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "where Inductor would compile C++ for minutes)")
     parser.add_argument("--device", help="default: cuda if available, else cpu")
     parser.add_argument("--list", action="store_true", help="print cases and providers, exit")
+    parser.add_argument("--quantized", action="store_true",
+                        help="run the FP8-output benchmark instead (python -m "
+                             "gatednorm.bench.quantized; its own options follow)")
     return parser.parse_args(argv)
 
 
@@ -244,6 +247,11 @@ def _start_message(mode, gpu, device, case_list, selected, ctx, out, out_why) ->
 
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
+    argv = sys.argv[1:] if argv is None else argv
+    if "--quantized" in argv:  # the FP8-output benchmark, gatednorm.bench.quantized
+        from gatednorm.bench import quantized
+
+        return quantized.main([a for a in argv if a != "--quantized"])
     args = parse_args(argv)
     cache_root = _fresh_cache_dirs() if args.fresh_cache else None
 

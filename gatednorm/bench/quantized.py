@@ -1,6 +1,7 @@
 """Benchmark of the FP8 output: fused quantized forward against the same work unfused.
 
-``python -m gatednorm.bench.quantized [--out PATH] [--smoke]``
+``python -m gatednorm.bench.quantized [--out PATH] [--smoke] [--cases ...]``
+(also ``python -m gatednorm.bench --quantized ...``)
 
 For the GDN, Kimi, Mamba2 and Nemotron-H shapes (bf16), each format is timed three ways,
 side by side in one run: gatednorm's fused quantized forward; gatednorm's bf16 forward then
@@ -11,6 +12,10 @@ rotated input sets); bandwidth is bytes moved over time, as a fraction of a larg
 device-to-device copy. Decode sizes (1-32 tokens x 32 heads x 128) are timed inside a CUDA
 graph against the bf16 forward. ``--smoke`` runs tiny shapes on the CPU (through the
 interpreter when TRITON_INTERPRET=1) to prove the code paths, with no timing claims.
+
+Without ``--out`` a full GPU run stores its results as the ``quantized`` section of the GPU's
+results file (``benchmarks/results/<gpu>.json``, beside ``python -m gatednorm.bench``'s cases);
+other runs write a file under the temporary directory.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import datetime
 import json
 import math
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +33,7 @@ import torch
 import triton
 
 import gatednorm
+from gatednorm.bench import results as results_file
 from gatednorm.bench.timing import (
     FULL,
     GRAPH_CALLS,
@@ -38,7 +45,6 @@ from gatednorm.bench.timing import (
 )
 from gatednorm.quantize import as_format, per_tensor, quantized_rms_norm_gated, reference_quantize
 
-DEFAULT_OUT = Path("benchmarks/results/h200-quantized.json")
 COPY_BYTES = 2**30
 # Input sets rotated so that one round touches this many times the H200's 60 MB L2.
 ROTATION_BYTES = 4 * 60 * 2**20
@@ -222,10 +228,29 @@ def print_table(results: dict) -> None:
               f"{r['difference_us']:8.2f}")
 
 
+def _write(results: dict, out: Path | None, device: torch.device, partial: bool) -> Path:
+    """Write ``results`` to ``out``, or where the module docstring says; returns the path."""
+    if out is None and device.type == "cuda" and not partial:
+        out = results_file.default_path(results["gpu"])
+        whole = results_file.load(out) or {"format": results_file.FORMAT}
+        whole[results_file.QUANTIZED] = results
+        results = whole
+    elif out is None:
+        date = datetime.date.today().isoformat()
+        name = f"quantized-{device.type}-{date}.json"
+        out = Path(tempfile.gettempdir()) / "gatednorm-bench" / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gatednorm.bench.quantized",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON")
+    parser.add_argument("--out", type=Path,
+                        help="write the results here as a file of their own (default: the "
+                             "'quantized' section of benchmarks/results/<gpu>.json for a full "
+                             "GPU run, else a file under the temporary directory)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes on the CPU, no timing claims")
     parser.add_argument("--cases", help="comma-separated substrings of case names to keep")
@@ -250,9 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         command=" ".join([sys.executable, "-m", "gatednorm.bench.quantized", *(argv or
                                                                              sys.argv[1:])]),
         copy_gbps=copy_gbps, smoke=smoke, records=records, decode=decode)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
     print_table(results)
+    print(f"\nwrote {_write(results, args.out, device, smoke or bool(args.cases))}")
     return 0 if all(r["status"] == "ok" for r in records) else 1
 
 

@@ -13,7 +13,9 @@ of the current code. Fields:
 - ``cases``: each case's description plus ``run``, the run its records come from;
 - ``records``, ``same_bytes_copy``, ``first_calls``: as a single run writes them (see
   :mod:`gatednorm.bench.report`); each record's ``frac_copy`` is relative to its own run's copy
-  bandwidth.
+  bandwidth;
+- ``quantized``: the latest full GPU run of :mod:`gatednorm.bench.quantized` (its own header,
+  records and decode timings), replaced whole by the next one.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ RESULTS_DIR = Path("benchmarks") / "results"
 # Header fields copied into each run's entry of ``runs``.
 RUN_FIELDS = ("date", "command", "gpu", "torch", "triton", "gatednorm", "python", "fla",
               "copy_gbps", "mode", "options", "all_peers", "budget_s", "triton_interpret")
+# The FP8-output benchmark's latest run (python -m gatednorm.bench.quantized), whole.
+QUANTIZED = "quantized"
 # Lists whose entries belong to one case (by their "case" field).
 PER_CASE_LISTS = ("records", "same_bytes_copy", "first_calls")
 
@@ -129,6 +133,8 @@ def merge(old: dict, new: dict) -> dict:
     used = {c["run"] for c in cases}
     runs = [r for r in old.get("runs", []) + new["runs"] if r["run"] in used]
     merged = {**new, "runs": list({r["run"]: r for r in runs}.values()), "cases": cases}
+    if QUANTIZED in old and QUANTIZED not in new:
+        merged[QUANTIZED] = old[QUANTIZED]
     for key in PER_CASE_LISTS:
         entries = [e for e in old.get(key, []) if e["case"] not in replaced]
         entries += [e for e in new.get(key, []) if e["case"] in replaced]

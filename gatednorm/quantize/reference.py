@@ -39,9 +39,16 @@ def nan_ignoring_abs(y: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(y), torch.zeros_like(y), y.abs())
 
 
+def over_fp8_max(amax: torch.Tensor) -> torch.Tensor:
+    """``amax / 448`` correctly rounded on every device. The divisor is a tensor on amax's
+    device: PyTorch's CUDA division by a Python number multiplies by its reciprocal instead,
+    which is one fp32 rounding off for some amax (and the kernels divide)."""
+    return amax / torch.full((), FP8_MAX, dtype=amax.dtype, device=amax.device)
+
+
 def fp32_scale(amax: torch.Tensor, power_of_two: bool = False) -> torch.Tensor:
     """``amax / 448`` (1 where amax is 0 or infinite), optionally rounded up to a power of two."""
-    scale = amax / FP8_MAX
+    scale = over_fp8_max(amax)
     scale = torch.where((amax > 0) & torch.isfinite(amax), scale, torch.ones_like(scale))
     if power_of_two:
         bits = scale.view(torch.int32)
@@ -52,7 +59,7 @@ def fp32_scale(amax: torch.Tensor, power_of_two: bool = False) -> torch.Tensor:
 
 def e8m0_exponent(amax: torch.Tensor) -> torch.Tensor:
     """The biased E8M0 exponent (int32, 0..254) of ``2**ceil(log2(amax / 448))``."""
-    bits = (amax / FP8_MAX).view(torch.int32)
+    bits = over_fp8_max(amax).view(torch.int32)
     exponent = ((bits + _MANTISSA_MASK) & _EXPONENT_MASK) >> 23
     return exponent.clamp(max=_E8M0_MAX)
 

@@ -61,7 +61,6 @@ def test_compiled_forward_matches_eager_bitwise(case):
     assert torch.equal(eager.view(torch.int16), compiled.view(torch.int16))
 
 
-@NOT_YET
 @pytest.mark.parametrize("case", CASES)
 def test_misaligned_inputs_give_the_aligned_bits(case):
     shape, group_size, options = CASES[case]

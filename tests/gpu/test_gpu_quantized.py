@@ -26,7 +26,7 @@ from gatednorm.quantize.linear import (
     dequantize_weight_128x128,
     quantize_weight_128x128,
 )
-from gatednorm.quantize.reference import mismatches
+from gatednorm.quantize.reference import fp32_scale, mismatches
 
 from .helpers import requires_cuda
 
@@ -101,6 +101,14 @@ def test_every_format_on_model_shapes_is_the_reference_quantization_of_the_ops_o
 def test_every_rounding_and_dtype_is_the_reference_quantization_of_the_ops_output(
         name, shape, dtype, rounding):
     check_case(name, shape, dtype, rounding)
+
+
+def test_reference_scales_are_correctly_rounded_on_the_gpu():
+    # The spec divides: amax / 448 rounded once, as on the CPU (where PyTorch divides too) and in
+    # the kernels. PyTorch's CUDA division by a Python number multiplies by the reciprocal.
+    amax = torch.rand(1 << 20, device="cuda") * 1000
+    exact = (amax.cpu().double() / 448).float()  # one rounding of the exact quotient
+    assert torch.equal(fp32_scale(amax).cpu(), exact)
 
 
 @pytest.mark.parametrize("name", ["1x128", "1x128_ue8m0", "mxfp8", "per_tensor"])
