@@ -1,5 +1,6 @@
 """gatednorm.bench.results: a run updates the per-GPU results file case by case."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,30 @@ def test_runs_that_no_case_points_at_are_dropped():
     merged = results.merge(first, second)
     assert [r["run"] for r in merged["runs"]] == ["day2"]
     assert len(merged["records"]) == 2
+
+
+def test_a_run_keeps_the_quantized_section_of_the_file():
+    old = {**_run("day1", {"a": "ok"}), results.QUANTIZED: {"date": "day0", "records": []}}
+    merged = results.merge(old, _run("day2", {"a": "ok"}))
+    assert merged[results.QUANTIZED] == {"date": "day0", "records": []}
+
+
+def test_a_quantized_run_on_a_gpu_fills_the_section_of_its_results_file(tmp_path, monkeypatch):
+    from gatednorm.bench import quantized
+
+    monkeypatch.chdir(tmp_path)
+    main_run = _run("day1", {"a": "ok"})
+    path = results.default_path("NVIDIA H200")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(main_run))
+    run = {"gpu": "NVIDIA H200", "records": [{"case": "gdn"}]}
+    written = quantized._write(run, None, torch.device("cuda"), partial=False)
+    stored = results.load(written)
+    assert written == path and stored[results.QUANTIZED] == run
+    assert stored["records"] == main_run["records"]
+    # Smoke and --cases runs never touch the results file.
+    elsewhere = quantized._write(run, None, torch.device("cuda"), partial=True)
+    assert elsewhere != path and results.load(path) == stored
 
 
 def test_where_a_run_writes(tmp_path):
