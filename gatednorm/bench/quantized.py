@@ -213,19 +213,24 @@ def time_decode(tokens: int, device, smoke: bool) -> dict:
     return record
 
 
-def print_table(results: dict) -> None:
-    print(f"{'case':24s} {'format':12s} {'fused us':>9s} {'%copy':>6s} {'unfused us':>11s} "
-          f"{'TE us':>8s} {'speedup':>8s} status")
-    for r in results["records"]:
-        te = r.get("unfused_te_ms")
-        print(f"{r['case']:24s} {r['format']:12s} {r['fused_ms'] * 1e3:9.1f} "
-              f"{100 * r['fused_frac_copy']:6.1f} {r['unfused_compile_ms'] * 1e3:11.1f} "
-              f"{'-' if te is None else f'{te * 1e3:.1f}':>8s} "
-              f"{r['speedup_vs_fastest_unfused']:8.2f} {r['status']}")
-    print(f"\n{'decode tokens':>13s} {'bf16 fwd us':>12s} {'fused us':>9s} {'diff us':>8s}")
-    for r in results["decode"]:
-        print(f"{r['tokens']:13d} {r['bf16_forward_us']:12.2f} {r['fused_1x128_us']:9.2f} "
-              f"{r['difference_us']:8.2f}")
+RECORD_HEADER = (f"{'case':24s} {'format':16s} {'fused us':>9s} {'%copy':>6s} "
+                 f"{'unfused us':>11s} {'TE us':>8s} {'speedup':>8s} status")
+DECODE_HEADER = f"{'decode tokens':>13s} {'bf16 fwd us':>12s} {'fused us':>9s} {'diff us':>8s}"
+
+
+def record_line(r: dict) -> str:
+    if "fused_ms" not in r:
+        return f"{r['case']:24s} {r['format']:16s} {r['status']}"
+    te = r.get("unfused_te_ms")
+    return (f"{r['case']:24s} {r['format']:16s} {r['fused_ms'] * 1e3:9.1f} "
+            f"{100 * r['fused_frac_copy']:6.1f} {r['unfused_compile_ms'] * 1e3:11.1f} "
+            f"{'-' if te is None else f'{te * 1e3:.1f}':>8s} "
+            f"{r['speedup_vs_fastest_unfused']:8.2f} {r['status']}")
+
+
+def decode_line(r: dict) -> str:
+    return (f"{r['tokens']:13d} {r['bf16_forward_us']:12.2f} {r['fused_1x128_us']:9.2f} "
+            f"{r['difference_us']:8.2f}")
 
 
 def _write(results: dict, out: Path | None, device: torch.device, partial: bool) -> Path:
@@ -264,10 +269,23 @@ def main(argv: list[str] | None = None) -> int:
         shapes = tuple(s for s in shapes if any(w in s.name for w in wanted))
     copy_gbps = copy_bandwidth_gbps(device, 2**20 if smoke else COPY_BYTES, budget)
     compiled: dict = {}
-    records = [time_case(shape, name, device, budget, copy_gbps, smoke, compiled)
-               for shape in shapes for name in FORMATS]
-    decode = [time_decode(tokens, device, smoke) for tokens in DECODE_TOKENS[:2 if smoke
-                                                                            else None]]
+    # Each line is printed as it is measured, so that a run cut short still shows its numbers;
+    # a case that raises is recorded as such and the others still run.
+    print(RECORD_HEADER, flush=True)
+    records = []
+    for shape in shapes:
+        for name in FORMATS:
+            try:
+                record = time_case(shape, name, device, budget, copy_gbps, smoke, compiled)
+            except Exception as error:  # noqa: BLE001
+                record = dict(case=shape.name, format=name, status=f"error: {error!r}"[:300])
+            records.append(record)
+            print(record_line(record), flush=True)
+    print("\n" + DECODE_HEADER, flush=True)
+    decode = []
+    for tokens in DECODE_TOKENS[:2 if smoke else None]:
+        decode.append(time_decode(tokens, device, smoke))
+        print(decode_line(decode[-1]), flush=True)
     results = dict(
         gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         torch=torch.__version__, triton=triton.__version__,
@@ -275,7 +293,6 @@ def main(argv: list[str] | None = None) -> int:
         command=" ".join([sys.executable, "-m", "gatednorm.bench.quantized", *(argv or
                                                                              sys.argv[1:])]),
         copy_gbps=copy_gbps, smoke=smoke, records=records, decode=decode)
-    print_table(results)
     print(f"\nwrote {_write(results, args.out, device, smoke or bool(args.cases))}")
     return 0 if all(r["status"] == "ok" for r in records) else 1
 

@@ -1,5 +1,5 @@
-"""Every kernel variant once (forward with and without rstd, backward, the dweight reduction), on
-small odd shapes: the compute-sanitizer run.
+"""Every kernel variant once (forward with and without rstd, backward, the dweight reduction, the
+FP8-output kernels in every format), on small odd shapes: the compute-sanitizer run.
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck  python tests/gpu/sanitizer_cases.py
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck python tests/gpu/sanitizer_cases.py
@@ -8,8 +8,9 @@ small odd shapes: the compute-sanitizer run.
 runs then load the kernels instead of compiling them.) Without the caching allocator every
 tensor is its own cudaMalloc, so an out-of-bounds access cannot hide inside a cached block.
 Inputs are drawn on the CPU and copied over, and results are checked on the CPU against the
-fp64 composite with the suite's accuracy rule, so nearly every kernel the sanitizer sees is one
-of ours. Exits 1 if a result is wrong, 2 without CUDA.
+fp64 composite with the suite's accuracy rule (the FP8 outputs bit for bit against the reference
+quantization of the op's y), so nearly every kernel the sanitizer sees is one of ours. Exits 1
+if a result is wrong, 2 without CUDA.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ import gatednorm  # noqa: E402
 from gatednorm import reference  # noqa: E402
 from gatednorm.kernels import config, launch  # noqa: E402
 from gatednorm.kernels import plan as planner  # noqa: E402
+from gatednorm.quantize import FORMAT_NAMES, per_tensor  # noqa: E402
+from gatednorm.quantize.launch import fused_tiling  # noqa: E402
+from gatednorm.quantize.reference import mismatches  # noqa: E402
 from helpers import (  # noqa: E402
     BF16,
     BF16_GATE_FP32,
@@ -82,6 +86,31 @@ DECODE_CASES = (
     Case("decode tile 1x32x128 sliced gate", (1, 32, 128), Options("te"), layout="projection"),
     Case("decode tile d112 rows5 gate-first", (5, 112), Options("hf", norm_before_gate=False)),
 )
+
+# (name, rows, K, group, norm_before_gate): partial row tiles and partial 128/32-token column
+# blocks (37 rows), Mamba2's 640-wide groups gate-first, a decode row count, and a group width
+# the fused kernel does not tile (96: the norm, then the quantize kernel on its y).
+QUANTIZED_SHAPES = (
+    ("fp8 37x384 groups of 128", 37, 384, 128, True),
+    ("fp8 37x1280 groups of 640 gate-first", 37, 1280, 640, False),
+    ("fp8 decode 3x4096 groups of 128", 3, 4096, 128, True),
+    ("fp8 37x3072 groups of 96 (unfused)", 37, 3072, 96, True),
+)
+
+
+def run_quantized(rows: int, k: int, group: int, norm_before_gate: bool) -> list[str]:
+    failures = []
+    host = [torch.randn(rows, k) for _ in range(2)] + [1 + 0.2 * torch.randn(k)]
+    x, gate, weight = (t.to("cuda", torch.bfloat16) for t in host)
+    options = dict(group_size=group, norm_before_gate=norm_before_gate)
+    y = gatednorm.rms_norm_gated(x, gate, weight, **options)
+    for name in (*FORMAT_NAMES, "delayed"):
+        fmt = per_tensor(torch.tensor([0.01], device="cuda")) if name == "delayed" else name
+        result = gatednorm.rms_norm_gated(x, gate, weight, quantize=fmt, **options)
+        wrong = mismatches(result, y)
+        if wrong:
+            failures.append(f"{name}: {', '.join(wrong)} differ from the reference")
+    return failures
 
 
 def kernel_paths(case: Case) -> str:
@@ -145,7 +174,21 @@ def main() -> int:
         for failure in failures:
             print(f"     {failure}")
         wrong += bool(failures)
-    total = len(CASES) + len(DECODE_CASES)
+    config.FORWARD_FEW_PROGRAMS = decode_few_programs
+    for name, rows, k, group, norm_before_gate in QUANTIZED_SHAPES:
+        launch.clear_cache()
+        start = time.perf_counter()
+        failures = run_quantized(rows, k, group, norm_before_gate)
+        torch.cuda.synchronize()
+        tiled = fused_tiling(group, k // group, 128) is not None
+        fused = "fused" if tiled else "norm, then quantize"
+        status = "FAIL" if failures else "ok"
+        print(f"{status:4} {name:45} {fused:40} {time.perf_counter() - start:6.1f}s",
+              flush=True)
+        for failure in failures:
+            print(f"     {failure}")
+        wrong += bool(failures)
+    total = len(CASES) + len(DECODE_CASES) + len(QUANTIZED_SHAPES)
     print(f"{total - wrong}/{total} cases right")
     return 1 if wrong else 0
 
