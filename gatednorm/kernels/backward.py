@@ -21,6 +21,7 @@ from gatednorm.kernels.pointwise import (
     activation_and_slope,
     backward_inputs,
     backward_pointwise,
+    fp32_argument,
     gated_input,
     load_gamma,
     row_offsets,
@@ -128,6 +129,7 @@ def backward_tile_kernel(
     launch's writes before reading anything."""
     if WAIT_FOR_PRIOR_GRID:
         gdc_wait()
+    eps = fp32_argument(eps)
     pid = tl.program_id(0)
     column_block = pid % column_blocks
     chunk = pid // column_blocks

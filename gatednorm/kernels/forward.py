@@ -16,6 +16,7 @@ import triton.language as tl
 from gatednorm.kernels.pointwise import (
     activation_and_slope,
     forward_output,
+    fp32_argument,
     gated_input,
     load_gamma,
     row_offsets,
@@ -93,6 +94,7 @@ def forward_tile_kernel(
     rstd = 1 / sqrt(mean(h^2) + eps),  h = x  or  x * act(gate)
     y    = forward_output(h * rstd, act(gate), gamma)
     """
+    eps = fp32_argument(eps)
     pid = tl.program_id(0)
     group = pid % num_groups
     row_block = pid // num_groups
@@ -159,6 +161,7 @@ def forward_row_loop_kernel(
     (LOOP_STAGES deep) while it computes and stores one, instead of ending after one tile and
     leaving the SM to start another program. Same arithmetic as forward_tile_kernel, per tile.
     """
+    eps = fp32_argument(eps)
     pid = tl.program_id(0)
     group = pid % num_groups
     chunk = pid // num_groups
@@ -221,6 +224,7 @@ def forward_long_row_kernel(
     Pass 1 accumulates sum(h^2); pass 2 re-reads x and gate (from L2 for all but the longest
     rows) and writes y. BLOCK_ROWS is 1.
     """
+    eps = fp32_argument(eps)
     pid = tl.program_id(0)
     group = pid % num_groups
     row = pid // num_groups

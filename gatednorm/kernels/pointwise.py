@@ -19,6 +19,15 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def fp32_argument(value):
+    """A float argument as fp32. Triton's launcher passes a Python float as fp32; Inductor
+    passes it to a user-defined kernel as fp64 (torch >= 2.10), which would promote rstd's
+    and y's arithmetic to fp64 and give a compiled call other bits than an eager one.
+    (tl.cast: the interpreter passes the Python float itself, which has no .to().)"""
+    return tl.cast(value, tl.float32)
+
+
 if os.environ.get("TRITON_INTERPRET", "0") == "1" or torch.version.hip:
     @triton.jit
     def reciprocal(t):

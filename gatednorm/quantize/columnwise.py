@@ -15,6 +15,7 @@ bf16): DRAM traffic is one read of x and the gate plus both outputs.
 import triton
 import triton.language as tl
 
+from gatednorm.kernels.pointwise import fp32_argument
 from gatednorm.quantize.kernels import (
     RUNTIME_INTS,
     apply_scale,
@@ -61,12 +62,12 @@ def store_columnwise(y, rows_idx, row_mask, col0, valid_cols, amax, QT, rows,
 def store_both_copies(y, rows_idx, row_mask, col0, valid_cols, column_amax, Q, SCALE, QT, rows,
                       k, stride_scale_row, stride_scale_col, scale_col_tiles,
                       BLOCK_ROWS: tl.constexpr, WIDTH: tl.constexpr, QUANT_BLOCK: tl.constexpr,
-                      SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr):
+                      SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr, Q_ALIGN: tl.constexpr):
     """The rowwise blocks of a [BLOCK_ROWS, WIDTH] tile of y (with their scales) and its rows
     of the transposed copy (in units of the columns' scales from ``column_amax``)."""
     quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, SCALE, SCALE, k,
                   stride_scale_row, stride_scale_col, scale_col_tiles, BLOCK_ROWS, WIDTH,
-                  QUANT_BLOCK, SCALE_KIND, SWIZZLED, False)
+                  QUANT_BLOCK, SCALE_KIND, SWIZZLED, False, Q_ALIGN)
     store_columnwise(y, rows_idx, row_mask, col0, valid_cols, column_amax, QT, rows, WIDTH,
                      SCALE_KIND)
 
@@ -91,6 +92,7 @@ def quantized_forward_columnwise_kernel(
     quantized_forward_kernel) of tokens [pid // that * QUANT_BLOCK, +QUANT_BLOCK), walked in
     sub-tiles of BLOCK_ROWS rows. Writes Q and SCALE as quantized_forward_kernel, and QT
     [k, rows] with SCALE_T [k, token_blocks]."""
+    eps = fp32_argument(eps)
     pid = tl.program_id(0)
     tiles_per_row = num_groups // GROUPS_PER_TILE
     tile = pid % tiles_per_row
@@ -131,12 +133,13 @@ def quantized_forward_columnwise_kernel(
                 store_both_copies(y, rows_idx, row_mask, tile_offset, valid, amax, Q, SCALE,
                                   QT, rows, k, stride_scale_row, stride_scale_col,
                                   scale_col_tiles, BLOCK_ROWS, WIDTH, QUANT_BLOCK, SCALE_KIND,
-                                  SWIZZLED)
+                                  SWIZZLED, ROW_ALIGN)
                 if TAIL_N > 0:
                     store_both_copies(tail_y, rows_idx, row_mask, tile_offset + BLOCK_N,
                                       group_size - BLOCK_N, tail_amax, Q, SCALE, QT, rows, k,
                                       stride_scale_row, stride_scale_col, scale_col_tiles,
-                                      BLOCK_ROWS, TAIL_N, QUANT_BLOCK, SCALE_KIND, SWIZZLED)
+                                      BLOCK_ROWS, TAIL_N, QUANT_BLOCK, SCALE_KIND, SWIZZLED,
+                                      ROW_ALIGN)
                 if STORE_RSTD:
                     if GROUPS_PER_TILE == 1:
                         tl.store(RSTD + rows_idx * num_groups + first_group, rstd,

@@ -20,7 +20,13 @@ import triton
 import triton.language as tl
 
 from gatednorm.kernels.forward import gated_tile, load_tail
-from gatednorm.kernels.pointwise import forward_output, load_gamma, round_to, row_offsets
+from gatednorm.kernels.pointwise import (
+    forward_output,
+    fp32_argument,
+    load_gamma,
+    round_to,
+    row_offsets,
+)
 
 # Constants are written as literals inside the kernels: Triton rejects non-constexpr globals,
 # and constexpr globals break Inductor's tracing of user kernels (pointwise.py). 448.0 is the
@@ -130,9 +136,15 @@ def apply_scale(y, divisor, inverse, halving, SCALE_KIND: tl.constexpr):
 def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCALE, AMAX, k,
                   stride_scale_row, stride_scale_col, scale_col_tiles,
                   BLOCK_ROWS: tl.constexpr, WIDTH: tl.constexpr, QUANT_BLOCK: tl.constexpr,
-                  SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr, AMAX_ONLY: tl.constexpr):
+                  SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr, AMAX_ONLY: tl.constexpr,
+                  Q_ALIGN: tl.constexpr):
     """Quantize and store a [BLOCK_ROWS, WIDTH] fp32 tile of y whose first column is column
-    ``col0`` of the [rows, k] output; columns at or past ``valid_cols`` are padding."""
+    ``col0`` of the [rows, k] output; columns at or past ``valid_cols`` are padding.
+
+    Q_ALIGN: what ``rows * k + col0`` is a multiple of, stated rather than inferred. The
+    layout of Q's store can become the tile's layout, and so fix the order of the fused
+    kernels' sum of squares; an inferred alignment would differ between the eager launch (k
+    not specialized) and Inductor's (k specialized on its value)."""
     cols = tl.arange(0, WIDTH)  # [WIDTH]
     mask = row_mask[:, None] & (cols < valid_cols)[None, :]  # [BLOCK_ROWS, WIDTH]
     magnitude = nan_free_abs(y, mask)
@@ -169,7 +181,8 @@ def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCAL
                 scale_offsets = (rows_idx[:, None] * stride_scale_row
                                  + block_idx[None, :] * stride_scale_col)
             tl.store(SCALE + scale_offsets, scale_values, mask=block_mask)
-        tl.store(Q + rows_idx[:, None] * k + col0 + cols[None, :], codes, mask=mask)
+        q_rows = tl.multiple_of(rows_idx * k + col0, Q_ALIGN)  # [BLOCK_ROWS]
+        tl.store(Q + q_rows[:, None] + cols[None, :], codes, mask=mask)
 
 
 @triton.jit
@@ -260,6 +273,7 @@ def quantized_forward_kernel(
     ``[pid // that * BLOCK_ROWS, +BLOCK_ROWS)``: one group ([BLOCK_ROWS, BLOCK_N] plus a
     [BLOCK_ROWS, TAIL_N] tail), or GROUPS_PER_TILE whole groups of BLOCK_N side by side.
     Output Q is the contiguous [rows, k] E4M3 tensor (as uint8 codes)."""
+    eps = fp32_argument(eps)
     pid = tl.program_id(0)
     tiles_per_row = num_groups // GROUPS_PER_TILE
     tile = pid % tiles_per_row
@@ -276,12 +290,12 @@ def quantized_forward_kernel(
         ACTIVATION, NORM_BEFORE_GATE, ROUNDING, WEIGHT_PRODUCT_ROUNDED, ROUND_Y)
     quantize_tile(y, rows_idx, row_mask, tile_offset, group_size * GROUPS_PER_TILE, Q, SCALE,
                   TENSOR_SCALE, AMAX, k, stride_scale_row, stride_scale_col, scale_col_tiles,
-                  BLOCK_ROWS, WIDTH, QUANT_BLOCK, SCALE_KIND, SWIZZLED, AMAX_ONLY)
+                  BLOCK_ROWS, WIDTH, QUANT_BLOCK, SCALE_KIND, SWIZZLED, AMAX_ONLY, ROW_ALIGN)
     if TAIL_N > 0:
         quantize_tile(tail_y, rows_idx, row_mask, tile_offset + BLOCK_N, group_size - BLOCK_N,
                       Q, SCALE, TENSOR_SCALE, AMAX, k, stride_scale_row, stride_scale_col,
                       scale_col_tiles, BLOCK_ROWS, TAIL_N, QUANT_BLOCK, SCALE_KIND, SWIZZLED,
-                      AMAX_ONLY)
+                      AMAX_ONLY, ROW_ALIGN)
     store_current_scale(SCALE, AMAX, SCALE_KIND, AMAX_ONLY)
     if STORE_RSTD and not AMAX_ONLY:
         if GROUPS_PER_TILE == 1:
@@ -313,5 +327,5 @@ def quantize_kernel(
                 other=0.0).to(tl.float32)
     quantize_tile(y, rows_idx, row_mask, col0, k - col0, Q, SCALE, TENSOR_SCALE, AMAX, k,
                   stride_scale_row, stride_scale_col, scale_col_tiles, BLOCK_ROWS, WIDTH,
-                  QUANT_BLOCK, SCALE_KIND, SWIZZLED, AMAX_ONLY)
+                  QUANT_BLOCK, SCALE_KIND, SWIZZLED, AMAX_ONLY, 1)
     store_current_scale(SCALE, AMAX, SCALE_KIND, AMAX_ONLY)

@@ -1,12 +1,11 @@
 """y's bits for the same rows whatever the path (eager, inference, torch.compile) and the
-pointers' alignment.
+pointers' alignment; dx's and dgate's whatever the path.
 
-Known to differ today (xfail, strict: an unexpected pass fails and asks for the marker to go):
-Triton specializes the data pointers on 16-byte alignment, and the layout its coalescing pass
-gives the loads (16 x 128 bf16 on 4 warps: [1, 8] a thread, [2, 16] lanes, [4, 1] warps when
-aligned; [1, 1], [1, 32], [1, 4] when not) is the layout of the sum of squares' reduction, so
-its order and rstd's last bit change with it. A compiled call reaches the same kernel through
-Inductor, which passes its own alignment facts; a misaligned view is not 16-byte aligned.
+A compiled call reaches the same kernels through Inductor, which passes a Python float (eps)
+as fp64 where Triton's launcher passes fp32, and specializes the integer arguments on their
+values where the eager launch does not. The kernels convert eps to fp32 first and state the
+alignment of every row offset (tests/test_compiled_float_arguments.py checks, without a GPU,
+that both compilations run the same float operations in the same reduction layouts).
 """
 
 import pytest
@@ -22,8 +21,6 @@ CASES = {
     "gdn128": ((4096, 32, 128), None, dict(norm_before_gate=True)),
     "mamba2_640": ((8192, 5120), 640, dict(norm_before_gate=False)),
 }
-NOT_YET = pytest.mark.xfail(strict=True, reason="the reduction's layout follows the pointers' "
-                                                "alignment (tests/gpu/test_gpu_alignment.py)")
 
 
 def _inputs(shape, offset: int):
@@ -50,7 +47,6 @@ def test_inference_and_training_forwards_agree_bitwise(case):
     assert torch.equal(inference.view(torch.int16), training.view(torch.int16))
 
 
-@NOT_YET
 @pytest.mark.parametrize("case", CASES)
 def test_compiled_forward_matches_eager_bitwise(case):
     shape, group_size, options = CASES[case]
@@ -59,6 +55,23 @@ def test_compiled_forward_matches_eager_bitwise(case):
     compiled = _y(torch.compile(gatednorm.rms_norm_gated, fullgraph=True), x, gate, weight,
                   group_size, options)
     assert torch.equal(eager.view(torch.int16), compiled.view(torch.int16))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_compiled_backward_matches_eager_bitwise(case):
+    shape, group_size, options = CASES[case]
+    x, gate, weight = _inputs(shape, 0)
+    dy = torch.randn(shape, device="cuda").to(torch.bfloat16)
+
+    def grads(fn):
+        leaves = [t.detach().clone().requires_grad_() for t in (x, gate)]
+        fn(*leaves, weight, group_size=group_size, **options).backward(dy)
+        return [t.grad for t in leaves]
+
+    eager = grads(gatednorm.rms_norm_gated)
+    compiled = grads(torch.compile(gatednorm.rms_norm_gated, fullgraph=True))
+    for want, got in zip(eager, compiled):
+        assert torch.equal(want.view(torch.int16), got.view(torch.int16))
 
 
 @pytest.mark.parametrize("case", CASES)
