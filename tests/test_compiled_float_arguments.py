@@ -93,7 +93,7 @@ def _integer_value(name: str, width: int, group_size: int) -> int:
 
 def _compile(kernel, constexprs: dict, num_warps: int, width: int, group_size: int,
              inductor: bool):
-    """PTX and TTGIR of ``kernel``, its arguments typed and specialized as Triton's launcher
+    """The compiled ``kernel``'s TTIR, TTGIR and PTX (``.asm``), its arguments typed and specialized as Triton's launcher
     does for the eager call (integers equal to 1 become constants, multiples of 16 are marked
     so, except those in the kernel's do_not_specialize) or as Inductor's generated code does
     (every integer specialized so, eps fp64)."""
@@ -139,9 +139,8 @@ def _float_ops(ttir: str) -> list[str]:
     before layouts and software pipelining, which repeat a loop's ops per stage)."""
     ops = []
     for line in ttir.splitlines():
-        m = re.match(r"\s*%\S+ = (arith\.\w+|math\.\w+|tt\.\w+)\b.*?:\s*(.*?)\s*loc\(", line)
-        if m and re.search(r"f(16|32|64)", m.group(2)) and (
-                m.group(1).startswith(("math.", "arith.")) and m.group(1) != "arith.constant"):
+        m = re.match(r"\s*%\S+ = (arith\.\w+|math\.\w+)\b.*?:\s*(.*?)\s*loc\(", line)
+        if m and re.search(r"f(16|32|64)", m.group(2)) and m.group(1) != "arith.constant":
             ops.append(f"{m.group(1)} : {re.sub(r'tensor<[0-9x]+', 'tensor<', m.group(2))}")
     return ops
 
