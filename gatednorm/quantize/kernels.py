@@ -149,7 +149,11 @@ def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCAL
     mask = row_mask[:, None] & (cols < valid_cols)[None, :]  # [BLOCK_ROWS, WIDTH]
     magnitude = nan_free_abs(y, mask)
     if AMAX_ONLY or SCALE_KIND == 3:
-        tl.atomic_max(AMAX, tl.max(tl.max(magnitude, axis=1), axis=0))
+        tile_max = tl.max(tl.max(magnitude, axis=1), axis=0)
+        # AMAX only grows, so a tile at or below a value already read cannot raise it: most
+        # programs then skip the atomic, which all of them would otherwise queue on one word.
+        if tile_max > tl.load(AMAX):
+            tl.atomic_max(AMAX, tile_max)
     if not AMAX_ONLY:
         if SCALE_KIND >= 3:
             if SCALE_KIND == 3:

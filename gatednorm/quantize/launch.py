@@ -85,7 +85,10 @@ def fused_kernel_tiling(group_size: int, num_groups: int, fmt: Float8Format) -> 
     unfused path writes them: the columnwise kernel walks a token block in the tile's row
     sub-tiles, so the tile's rows must divide the block."""
     tiling = fused_tiling(group_size, num_groups, fmt.block_size)
-    if tiling is not None and fmt.columnwise and fmt.block_size % tiling.block_rows:
+    # One-row tiles (groups of 640 and more) walk a token block a row at a time: 4-7x slower
+    # than the unfused path on an H100 (Mamba2 8192 x 5120: 1.70 against 0.39 ms).
+    if tiling is not None and fmt.columnwise and (fmt.block_size % tiling.block_rows
+                                                  or tiling.block_rows == 1):
         return None
     return tiling
 
