@@ -5,8 +5,8 @@
     python benchmarks/readme_table.py --check README.md         # exit 1 if the README's block differs
 
 The block sits between the markers ``<!-- perf-table:start -->`` and ``<!-- perf-table:end -->``;
-the FP8-output table (the file's ``quantized`` section) between ``<!-- fp8-table:start -->``
-and ``<!-- fp8-table:end -->``.
+the FP8-output table (the ``quantized`` section of ``--fp8-results``, by default FP8_RESULTS)
+between ``<!-- fp8-table:start -->`` and ``<!-- fp8-table:end -->``.
 Rows: the bf16 model shapes with a contiguous gate (and GDN with a gate sliced from a
 projection), then the bf16 D sweep in two ranges; one decode line. Every figure is read from
 the file: gatednorm's fraction of the copy bandwidth per pass (``frac_copy``), its fwd+bwd
@@ -24,6 +24,8 @@ from pathlib import Path
 from gatednorm.bench.report import index_records
 
 DEFAULT_RESULTS = Path("benchmarks") / "results" / "h200.json"
+# The FP8-output table's file: its "quantized" section. An H100's until the H200 has one.
+FP8_RESULTS = Path("benchmarks") / "results" / "h100-80gb-hbm3.json"
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
 # (label, cases): one case gives exact figures, several give ranges.
 ROWS = (
@@ -158,6 +160,8 @@ def fp8_block(result: dict, results_path: str) -> str:
                          f"{r['fused_ms'] * 1e3:.0f} us, {100 * r['fused_frac_copy']:.0f} %, "
                          f"{r['speedup_vs_fastest_unfused']:.2f}x")
         lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    if quantized.get("note"):
+        lines += ["", quantized["note"]]
     decode = quantized.get("decode", [])
     if decode:
         diffs = [d["difference_us"] for d in decode]
@@ -177,15 +181,21 @@ def replace_block(text: str, new_block: str, start_marker: str = START,
     return text[:start] + new_block + text[end + len(end_marker):]
 
 
-def readme_with_tables(text: str, result: dict, results_path: str) -> str:
-    """``text`` with both generated blocks replaced."""
+def readme_with_tables(text: str, result: dict, results_path: str,
+                       fp8_result: dict | None = None, fp8_path: str | None = None) -> str:
+    """``text`` with both generated blocks replaced; the FP8 block from ``fp8_result`` (read
+    from ``fp8_path``) when given, else from ``result``."""
     text = replace_block(text, block(result, results_path))
-    return replace_block(text, fp8_block(result, results_path), FP8_START, FP8_END)
+    if fp8_result is None:
+        fp8_result, fp8_path = result, results_path
+    return replace_block(text, fp8_block(fp8_result, fp8_path), FP8_START, FP8_END)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("results", nargs="?", type=Path, default=DEFAULT_RESULTS)
+    parser.add_argument("--fp8-results", type=Path, default=FP8_RESULTS,
+                        help="the file whose 'quantized' section fills the FP8 table")
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--write", type=Path, metavar="README", help="replace the block in it")
     action.add_argument("--check", type=Path, metavar="README",
@@ -193,15 +203,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = json.loads(args.results.read_text())
     path = args.results.as_posix()
+    fp8 = (json.loads(args.fp8_results.read_text()), args.fp8_results.as_posix())
     if args.write:
-        args.write.write_text(readme_with_tables(args.write.read_text(), result, path))
+        args.write.write_text(readme_with_tables(args.write.read_text(), result, path, *fp8))
     elif args.check:
-        if readme_with_tables(args.check.read_text(), result, path) != args.check.read_text():
+        if readme_with_tables(args.check.read_text(), result, path, *fp8) \
+                != args.check.read_text():
             print(f"{args.check}: the performance tables differ from {args.results}; run "
                   f"python benchmarks/readme_table.py --write {args.check}", file=sys.stderr)
             return 1
     else:
-        print(block(result, path) + "\n\n" + fp8_block(result, path))
+        print(block(result, path) + "\n\n" + fp8_block(*fp8))
     return 0
 
 
