@@ -96,8 +96,7 @@ def _integer_value(name: str, width: int, group_size: int) -> int:
     if tensor_stride:
         return width if tensor_stride.group(1) == "2" else 0
     return dict(rows=ROWS, size1=1, size2=ROWS, group_size=group_size,
-                num_groups=width // group_size, column_blocks=width // group_size,
-                rows_per_chunk=128, weight_size=width, k=width, stride_scale_row=width // 128,
+                num_groups=width // group_size, k=width, stride_scale_row=width // 128,
                 stride_scale_col=1, scale_col_tiles=max(1, width // 512),
                 token_blocks=ROWS // 128)[name]
 

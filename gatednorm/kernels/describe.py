@@ -66,13 +66,6 @@ def _plan(x_shape, dtype, *, pass_, group_size, gate_dtype, weight_dtype, with_w
                                  pdl_supported=programmatic_launch, **options)
 
 
-def _arguments(describe_args: tuple, describe_kwargs: dict) -> dict:
-    """describe()'s arguments by name, defaults filled in."""
-    bound = inspect.signature(describe).bind(*describe_args, **describe_kwargs)
-    bound.apply_defaults()
-    return dict(bound.arguments)
-
-
 def describe(x_shape: tuple[int, ...], dtype: torch.dtype = torch.bfloat16, *,
              pass_: str = "forward", group_size: int | None = None,
              gate_dtype: torch.dtype | None = None, weight_dtype: torch.dtype | None = None,
@@ -88,13 +81,12 @@ def describe(x_shape: tuple[int, ...], dtype: torch.dtype = torch.bfloat16, *,
     ``shared_memory`` bytes a block and, for ``programmatic_launch``, sm_90's chained
     launches. ``strides``: x's element strides (default contiguous); ``gate_strides``: the
     gate's (e.g. a slice of a projection output)."""
-    arguments = _arguments((x_shape, dtype), dict(
-        pass_=pass_, group_size=group_size, gate_dtype=gate_dtype, weight_dtype=weight_dtype,
-        with_weight=with_weight, activation=activation, norm_before_gate=norm_before_gate,
-        rounding=rounding, zero_centered_gamma=zero_centered_gamma, strides=strides,
-        gate_strides=gate_strides, store_rstd=store_rstd, traceable=traceable,
-        shared_memory=shared_memory, programmatic_launch=programmatic_launch))
-    plan = _plan(**arguments)
+    plan = _plan(x_shape, dtype, pass_=pass_, group_size=group_size, gate_dtype=gate_dtype,
+                 weight_dtype=weight_dtype, with_weight=with_weight, activation=activation,
+                 norm_before_gate=norm_before_gate, rounding=rounding,
+                 zero_centered_gamma=zero_centered_gamma, strides=strides,
+                 gate_strides=gate_strides, store_rstd=store_rstd, traceable=traceable,
+                 shared_memory=shared_memory, programmatic_launch=programmatic_launch)
     if pass_ == "forward":
         launches = (plan.kernel.fn.__name__,)
         rows_per_chunk = plan.decision.rows_per_chunk
@@ -130,9 +122,12 @@ def kernel_launches(*args, **kwargs) -> tuple[KernelLaunch, ...]:
     """The tile-kernel launches of the pass that :func:`describe` describes (same arguments),
     in order, with what they pass: what an offline compilation of the kernels needs. The
     dweight reduction's launches, which take no call-dependent constexpr, are left out."""
-    plan = _plan(**_arguments(args, kwargs))
+    # describe()'s arguments by name, its defaults filled in.
+    bound = inspect.signature(describe).bind(*args, **kwargs)
+    bound.apply_defaults()
+    plan = _plan(**bound.arguments)
     metas = [plan.meta]
-    if getattr(plan, "row_dots_meta", None) is not None:
+    if plan.row_dots_meta is not None:
         metas.insert(0, plan.row_dots_meta)
     kernel = plan.kernel
     # Tensor arguments are upper-case; eps is the one float.
