@@ -74,8 +74,9 @@ QUANTIZED = {
         dict(FUSED, SCALE_KIND=3, QUANT_BLOCK=1, BLOCK_ROWS=1, BLOCK_N=512, TAIL_N=128,
              NORM_BEFORE_GATE=False, ROUNDING=2, num_warps=1), 5120, 640),
     "FP8 output with columnwise copy": (
-        "gatednorm.quantize.columnwise", "quantized_forward_columnwise_kernel", QUANTIZED_BASE,
-        4096, 128),
+        "gatednorm.quantize.columnwise", "quantized_forward_columnwise_kernel",
+        {**{k: v for k, v in QUANTIZED_BASE.items() if k != "BLOCK_ROWS"}, "QT_ALIGN": 16,
+         "num_warps": 8}, 4096, 128),
 }
 KERNEL_PACKAGES = ("gatednorm.kernels", "gatednorm.quantize")
 POINTER_TYPES = dict(RSTD="*fp32", DW_PARTIAL="*fp32", ROW_DOTS="*fp32", Q="*u8", QT="*u8",

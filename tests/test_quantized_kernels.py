@@ -14,7 +14,7 @@ from gatednorm.quantize import (
     mxfp8,
     per_tensor,
 )
-from gatednorm.quantize.launch import fused_tiling
+from gatednorm.quantize.launch import few_rows_tiling, fused_tiling
 from gatednorm.quantize.reference import mismatches
 
 pytestmark = pytest.mark.skipif(not ops.INTERPRET, reason="CPU kernel tests need TRITON_INTERPRET=1")
@@ -94,6 +94,19 @@ def test_group_layouts_match_the_reference_quantizer(shape, group, fmt, monkeypa
     assert_matches_reference_of_op_output(result, y)
 
 
+@pytest.mark.parametrize("tokens", [16, 48, 200], ids=["one-partial-block", "aligned", "partial"])
+@pytest.mark.parametrize("fmt", [block_1x128(columnwise=True), mxfp8(columnwise=True)],
+                         ids=["1x128", "mxfp8"])
+def test_columnwise_copies_of_aligned_and_partial_token_blocks(tokens, fmt, monkeypatch):
+    # A token count that is a multiple of 16 lets the transposed copy's stores widen.
+    x, gate, weight = inputs((tokens, 256), torch.bfloat16)
+    poisoned(monkeypatch)
+    result = gatednorm.rms_norm_gated(x, gate, weight, quantize=fmt, group_size=128)
+    monkeypatch.undo()
+    assert_matches_reference_of_op_output(
+        result, gatednorm.rms_norm_gated(x, gate, weight, group_size=128))
+
+
 def test_the_shapes_take_the_fused_kernel_where_blocks_and_groups_nest():
     assert fused_tiling(128, 2, 128).groups_per_tile == 1
     assert fused_tiling(640, 2, 128).tail_n == 128
@@ -101,6 +114,27 @@ def test_the_shapes_take_the_fused_kernel_where_blocks_and_groups_nest():
     assert fused_tiling(96, 4, 32) is not None
     assert fused_tiling(96, 4, 128) is None
     assert fused_tiling(32768, 1, 128) is None
+
+
+def test_decode_sizes_take_the_ops_one_warp_tile(decode_tile):
+    table = fused_tiling(128, 32, 128)
+    decode = few_rows_tiling(table, 128, 1, 32)  # one token of 32 heads: 32 programs
+    assert (decode.block_rows, decode.num_warps) == (2, 1)
+    assert few_rows_tiling(table, 128, 4096, 32) == table
+    # A head + tail tile's order depends on its rows and warps; a two-group tile is wider.
+    assert few_rows_tiling(fused_tiling(640, 8, 128), 640, 1, 8) == fused_tiling(640, 8, 128)
+    assert few_rows_tiling(fused_tiling(64, 64, 128), 64, 1, 64) == fused_tiling(64, 64, 128)
+
+
+@pytest.mark.parametrize("tokens", [3, 1100], ids=["decode-tile", "table-tile"])
+def test_decode_and_table_tiles_match_the_reference_quantizer(tokens, decode_tile,
+                                                             monkeypatch):
+    # 1100 tokens of two 128-wide heads: 138 programs of 16 rows, over the decode threshold.
+    x, gate, weight = inputs((tokens, 256), torch.bfloat16)
+    y = gatednorm.rms_norm_gated(x, gate, weight, group_size=128)
+    poisoned(monkeypatch)
+    result = gatednorm.rms_norm_gated(x, gate, weight, group_size=128, quantize="1x128")
+    assert_matches_reference_of_op_output(result, y)
 
 
 def special_inputs(dtype):

@@ -25,8 +25,9 @@ FUSED_CASES = [
     dict(AMAX_ONLY=False, BLOCK_ROWS=1, BLOCK_N=512, TAIL_N=128, NORM_BEFORE_GATE=False,
          ROUNDING=2),
 ]
-COLUMNWISE_CASES = [dict(), dict(BLOCK_ROWS=1, BLOCK_N=512, TAIL_N=128, SCALE_KIND=2,
-                                 QUANT_BLOCK=32)]
+# The columnwise kernel's rows are its token block (QUANT_BLOCK): no BLOCK_ROWS.
+COLUMNWISE_CASES = [dict(QT_ALIGN=16), dict(QT_ALIGN=1, BLOCK_N=64, GROUPS_PER_TILE=2),
+                    dict(QT_ALIGN=1, SCALE_KIND=2, QUANT_BLOCK=32)]
 QUANTIZE_CASES = [dict(BLOCK_ROWS=16, WIDTH=128, QUANT_BLOCK=128, SCALE_KIND=kind,
                        SWIZZLED=False, AMAX_ONLY=False) for kind in range(5)]
 POINTERS = dict(X="*bf16", GATE="*bf16", W="*bf16", Y="*bf16", Q="*u8", SCALE="*fp32",
@@ -43,7 +44,9 @@ def compile_all() -> None:
 
     target = GPUTarget("cuda", 90, 32)
     cases = ([(quantized_forward_kernel, dict(BASE, **c)) for c in FUSED_CASES]
-             + [(quantized_forward_columnwise_kernel, dict(BASE, **c)) for c in COLUMNWISE_CASES]
+             + [(quantized_forward_columnwise_kernel,
+                 {**{k: v for k, v in BASE.items() if k != "BLOCK_ROWS"}, **c})
+                for c in COLUMNWISE_CASES]
              + [(quantize_kernel, c) for c in QUANTIZE_CASES])
     for kernel, constexprs in cases:
         signature = {name: ("constexpr" if name in constexprs else POINTERS.get(name)

@@ -24,9 +24,14 @@ from gatednorm.kernels.pointwise import (
     forward_output,
     fp32_argument,
     load_gamma,
+    reciprocal,
     round_to,
     row_offsets,
 )
+
+# The interpreter (and a ROCm build) gets plain Triton; CUDA builds use what PTX's
+# instructions guarantee (max.f32 ignoring NaN, an exact fma, cvt.rn.satfinite).
+PORTABLE = os.environ.get("TRITON_INTERPRET", "0") == "1" or bool(torch.version.hip)
 
 # Constants are written as literals inside the kernels: Triton rejects non-constexpr globals,
 # and constexpr globals break Inductor's tracing of user kernels (pointwise.py). 448.0 is the
@@ -51,12 +56,29 @@ def fp32_scale(amax, POWER_OF_TWO: tl.constexpr):
     return scale
 
 
-if os.environ.get("TRITON_INTERPRET", "0") == "1" or torch.version.hip:
+if PORTABLE:
     @triton.jit
-    def e4m3_codes(saturated):
-        """E4M3 codes (uint8) of fp32 values in [-448, 448], nearest even, in integer
+    def block_magnitude(y, mask):
+        """|y| with NaN and masked lanes as 0: the operand of a block's amax."""
+        return tl.where(mask & (y == y), tl.abs(y), 0.0)
+
+    @triton.jit
+    def divide(y, divisor, negative_inverse, negative_prescale):
+        """y / divisor, correctly rounded (the interpreter's fma rounds twice: no residual
+        step here)."""
+        return tl.math.div_rn(y, divisor)
+
+    @triton.jit
+    def fp8_codes(values):
+        """uint8 E4M3 codes of fp32 values: saturated to +-448, nearest even, NaN -> 0x7F."""
+        return tl.where(values != values, 0x7F, e4m3_codes(values))
+
+    @triton.jit
+    def e4m3_codes(values):
+        """E4M3 codes (uint8) of fp32 values, saturated to +-448, nearest even, in integer
         arithmetic: Triton 3.6's interpreter drops the carry when the mantissa rounds up
-        (7.8 -> 4.0 instead of 8.0)."""
+        (7.8 -> 4.0 instead of 8.0). NaN lanes are left to fp8_codes."""
+        saturated = tl.minimum(tl.maximum(values, -448.0), 448.0)
         bits = saturated.to(tl.int32, bitcast=True)
         sign = ((bits >> 24) & 0x80).to(tl.int32)
         magnitude = bits & 0x7FFFFFFF
@@ -70,24 +92,40 @@ if os.environ.get("TRITON_INTERPRET", "0") == "1" or torch.version.hip:
         return (codes | sign).to(tl.uint8)
 else:
     @triton.jit
-    def e4m3_codes(saturated):
-        """E4M3 codes (uint8) of fp32 values in [-448, 448] by the hardware conversion
-        (cvt.rn.satfinite: nearest even)."""
-        return saturated.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    def block_magnitude(y, mask):
+        """|y|, the operand of a block's amax. The hardware's max (max.f32, which tl.max
+        lowers to) returns the other operand where one is NaN, so NaN lanes drop out of the
+        amax without a select; masked lanes hold 0 (or NaN: a zero row with eps = 0)."""
+        return tl.abs(y)
 
+    @triton.jit
+    def divide(y, divisor, negative_inverse, negative_prescale):
+        """y / divisor, correctly rounded: the quotient div.rn gives, in four instructions
+        and a clamp instead of div.rn's nine and a branch an element. The factors are per
+        block (division_factors): ``negative_inverse`` is -1 / divisor refined as div.rn
+        refines it, ``negative_prescale`` -1 or -2**64, already applied to ``divisor``.
 
-@triton.jit
-def fp8_codes(values):
-    """uint8 E4M3 codes of fp32 values: saturated to +-448, nearest even, NaN -> 0x7F."""
-    saturated = tl.minimum(tl.maximum(values, -448.0), 448.0)
-    codes = e4m3_codes(saturated)
-    return tl.where(values != values, 0x7F, codes)
+        The steps are div.rn's fast path with the reciprocal hoisted out of the elements: a
+        quotient within an ulp, its residual exact in one fma, one correction. div.rn takes
+        its slow path only where an operand is subnormal or their exponents are far apart;
+        here the divisor lies in [2**-64, 2**64] and, wherever the quotient is large enough
+        to reach an E4M3 code (2**-10), y is normal and within 2**9 of the divisor. Working
+        with negated y keeps the sign of zero (an fma whose terms cancel gives +0): the
+        quotient of -0 is -0. Infinite y (its block's scale is 1) is clamped to the largest
+        finite value, which saturates to the same code; NaN passes the clamp."""
+        negated = tl.clamp(y, -3.4028234663852886e38, 3.4028234663852886e38,
+                           propagate_nan=tl.PropagateNan.ALL) * negative_prescale
+        quotient = negated * negative_inverse
+        residual = tl.fma(quotient, divisor, negated)  # quotient * divisor - y, exact
+        return tl.fma(residual, negative_inverse, quotient)
 
-
-@triton.jit
-def nan_free_abs(y, mask):
-    """|y| with NaN and masked lanes as 0."""
-    return tl.where(mask & (y == y), tl.abs(y), 0.0)
+    @triton.jit
+    def fp8_codes(values):
+        """uint8 E4M3 codes of fp32 values: saturated to +-448, nearest even, NaN -> 0x7F,
+        by the hardware conversion (cvt.rn.satfinite). The values come out of arithmetic
+        instructions, whose NaN results are the canonical 0x7FFFFFFF, which converts to
+        0x7F: no select (tests/gpu/test_gpu_quantized.py checks NaN of either sign)."""
+        return values.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
 
 
 @triton.jit
@@ -101,34 +139,59 @@ def swizzled_offsets(rows_idx, block_idx, scale_col_tiles):
 
 
 @triton.jit
+def division_factors(scale):
+    """(divisor, negative_inverse, negative_prescale) of positive fp32 scales for
+    :func:`divide`. Scales below 2**-64 (maxima below 448 * 2**-64) are scaled by 2**64,
+    and y with them, exactly. The inverse is div.rn's: the approximate reciprocal and one
+    Newton step."""
+    prescale = tl.where(scale < 5.421010862427522e-20, 1.8446744073709552e19, 1.0)
+    divisor = scale * prescale
+    approximate = reciprocal(divisor)
+    inverse = tl.fma(approximate, tl.fma(-divisor, approximate, 1.0), approximate)
+    return divisor, -inverse, -prescale
+
+
+@triton.jit
+def divide_by_tensor_scale(y, scale):
+    """y / scale correctly rounded, for one scale of the whole tensor. A given scale may be
+    anything (zero, negative, huge): :func:`divide` where it lies in [2**-64, 2**64], div.rn
+    otherwise (a branch that whole programs take)."""
+    if (scale >= 5.421010862427522e-20) & (scale <= 1.8446744073709552e19):
+        divisor, negative_inverse, negative_prescale = division_factors(scale)
+        values = divide(y, divisor, negative_inverse, negative_prescale)
+    else:
+        values = tl.math.div_rn(y, scale)
+    return values
+
+
+@triton.jit
 def block_scale(amax, SCALE_KIND: tl.constexpr):
-    """(stored scale, divisor, inverse, halving) of blocks with maxima ``amax`` (any shape):
-    fp32 scales divide (SCALE_KIND 0, 1; inverse = halving = 1); E8M0 (2) stores the
-    exponent and multiplies by 2**(127 - e) as two exact power-of-two factors, as 2**-127 is
-    subnormal: 2**max(127 - e, -126), then 1/2 for e = 254 (divisor = 1)."""
-    one = tl.full(amax.shape, 1.0, tl.float32)
+    """(stored scale, divisor, multiplier, prescale) of blocks with maxima ``amax`` (any
+    shape), for :func:`apply_scale`. fp32 scales (SCALE_KIND 0, 1) divide: the last three are
+    :func:`division_factors`. E8M0 (2) stores the exponent e and multiplies by the exact power
+    of two 2**(127 - e) (2**-127, subnormal, for e = 254); divisor and prescale are unused."""
     if SCALE_KIND == 2:
         bits = tl.math.div_rn(amax, 448.0).to(tl.int32, bitcast=True)
         exponent = tl.minimum(((bits + 0x7FFFFF) & 0x7F800000) >> 23, 254)
         stored = exponent.to(tl.uint8)
-        divisor = one
-        inverse = (tl.maximum(254 - exponent, 1) << 23).to(tl.float32, bitcast=True)
-        halving = tl.where(exponent == 254, 0.5, 1.0)
+        # 2**-127 is the fp32 with only mantissa bit 22 set.
+        multiplier = tl.where(exponent == 254, 0x400000, (254 - exponent) << 23).to(
+            tl.float32, bitcast=True)
+        divisor = tl.full(amax.shape, 1.0, tl.float32)
+        prescale = divisor
     else:
         stored = fp32_scale(amax, SCALE_KIND == 1)
-        divisor = stored
-        inverse = one
-        halving = one
-    return stored, divisor, inverse, halving
+        divisor, multiplier, prescale = division_factors(stored)
+    return stored, divisor, multiplier, prescale
 
 
 @triton.jit
-def apply_scale(y, divisor, inverse, halving, SCALE_KIND: tl.constexpr):
+def apply_scale(y, divisor, multiplier, prescale, SCALE_KIND: tl.constexpr):
     """y in units of its block's scale (block_scale's factors, broadcast to y)."""
     if SCALE_KIND == 2:
-        values = y * inverse * halving
+        values = y * multiplier
     else:
-        values = tl.math.div_rn(y, divisor)
+        values = divide(y, divisor, multiplier, prescale)
     return values
 
 
@@ -147,7 +210,7 @@ def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCAL
     not specialized) and Inductor's (k specialized on its value)."""
     cols = tl.arange(0, WIDTH)  # [WIDTH]
     mask = row_mask[:, None] & (cols < valid_cols)[None, :]  # [BLOCK_ROWS, WIDTH]
-    magnitude = nan_free_abs(y, mask)
+    magnitude = block_magnitude(y, mask)
     if AMAX_ONLY or SCALE_KIND == 3:
         tile_max = tl.max(tl.max(magnitude, axis=1), axis=0)
         # AMAX only grows, so a tile at or below a value already read cannot raise it: most
@@ -160,20 +223,20 @@ def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCAL
                 scale = tl.load(TENSOR_SCALE)
             else:
                 scale = fp32_scale(tl.load(AMAX), False)
-            codes = fp8_codes(tl.math.div_rn(y, scale))
+            codes = fp8_codes(divide_by_tensor_scale(y, scale))
         else:
             BLOCKS: tl.constexpr = WIDTH // QUANT_BLOCK
             if BLOCKS == 1:
                 # One block a tile row (GDN's 128-wide heads): no reshape, so no layout change.
                 amax = tl.max(magnitude, axis=1, keep_dims=True)  # [BLOCK_ROWS, 1]
-                scale_values, divisor, inverse, halving = block_scale(amax, SCALE_KIND)
-                values = apply_scale(y, divisor, inverse, halving, SCALE_KIND)
+                scale_values, divisor, multiplier, prescale = block_scale(amax, SCALE_KIND)
+                values = apply_scale(y, divisor, multiplier, prescale, SCALE_KIND)
             else:
                 amax = tl.max(tl.reshape(magnitude, [BLOCK_ROWS, BLOCKS, QUANT_BLOCK]), axis=2)
                 blocks = tl.reshape(y, [BLOCK_ROWS, BLOCKS, QUANT_BLOCK])
-                scale_values, divisor, inverse, halving = block_scale(amax, SCALE_KIND)
-                values = tl.reshape(apply_scale(blocks, divisor[:, :, None], inverse[:, :, None],
-                                                halving[:, :, None], SCALE_KIND),
+                scale_values, divisor, multiplier, prescale = block_scale(amax, SCALE_KIND)
+                values = tl.reshape(apply_scale(blocks, divisor[:, :, None], multiplier[:, :, None],
+                                                prescale[:, :, None], SCALE_KIND),
                                     [BLOCK_ROWS, WIDTH])
             codes = fp8_codes(values)
             block_idx = col0 // QUANT_BLOCK + tl.arange(0, BLOCKS)  # [BLOCKS]

@@ -9,7 +9,7 @@ wider than a register tile, take the unfused path: the op's forward, then quanti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -18,6 +18,7 @@ from torch.library import wrap_triton
 from gatednorm.kernels import launch as _op_launch
 from gatednorm.kernels.config import forward_config
 from gatednorm.kernels.layout import row_layout
+from gatednorm.kernels.plan import few_rows_forward_config
 from gatednorm.quantize.columnwise import quantized_forward_columnwise_kernel
 from gatednorm.quantize.formats import (
     FP8_DTYPE,
@@ -35,6 +36,9 @@ BLOCK_FP32, BLOCK_POWER_OF_TWO, MXFP8_E8M0, TENSOR_GIVEN, TENSOR_CURRENT = range
 QUANTIZE_TILE_ROWS = 16
 QUANTIZE_TILE_COLUMNS = 128
 QUANTIZE_TILE_WARPS = 4
+# The columnwise kernel's tile: at most this wide, and this many values of y a thread.
+COLUMNWISE_MAX_WIDTH = 128
+COLUMNWISE_ELEMENTS_PER_THREAD = 64
 
 
 def scale_kind(fmt: Float8Format) -> int:
@@ -82,15 +86,37 @@ def fused_tiling(group_size: int, num_groups: int, quant_block: int) -> Tiling |
 
 def fused_kernel_tiling(group_size: int, num_groups: int, fmt: Float8Format) -> Tiling | None:
     """The tiling of the kernel that writes every output ``fmt`` asks for, or None when the
-    unfused path writes them: the columnwise kernel walks a token block in the tile's row
-    sub-tiles, so the tile's rows must divide the block."""
+    unfused path writes them. The columnwise kernel holds a whole token block of the tile in
+    registers (columnwise_warps), which fits tiles up to 128 wide; wider groups (Mamba2's
+    640, Nemotron-H's 1024) take the unfused path for their columnwise copies, and so do
+    head + tail tiles (D = 96), whose lanes the compiler lays out otherwise at that height."""
     tiling = fused_tiling(group_size, num_groups, fmt.block_size)
-    # One-row tiles (groups of 640 and more) walk a token block a row at a time: 4-7x slower
-    # than the unfused path on an H100 (Mamba2 8192 x 5120: 1.70 against 0.39 ms).
-    if tiling is not None and fmt.columnwise and (fmt.block_size % tiling.block_rows
-                                                  or tiling.block_rows == 1):
+    if tiling is not None and fmt.columnwise and (
+            tiling.tail_n or tiling.block_n * tiling.groups_per_tile > COLUMNWISE_MAX_WIDTH):
         return None
     return tiling
+
+
+def columnwise_warps(tiling: Tiling, quant_block: int) -> int:
+    """Warps of the columnwise kernel's [quant_block, width] tile: the op's tile's warps, or
+    more, up to 8, to hold at most COLUMNWISE_ELEMENTS_PER_THREAD values of y a thread. Warps
+    stack along the rows, so a row's lanes, and its sum's order, stay the op's."""
+    width = tiling.block_n * tiling.groups_per_tile + tiling.tail_n
+    wanted = quant_block * width // (32 * COLUMNWISE_ELEMENTS_PER_THREAD)
+    return max(tiling.num_warps, min(8, wanted))
+
+
+def few_rows_tiling(tiling: Tiling, group_size: int, rows, num_groups: int) -> Tiling:
+    """``tiling``, or the op's one-warp decode tile where the op's forward takes it (few
+    programs of a table tile up to 128 wide: decode sizes); same lanes and order, so y keeps
+    its bits. Tiles of one group only."""
+    if tiling.groups_per_tile != 1 or not isinstance(rows, int):
+        return tiling
+    table = forward_config(group_size)
+    decode = few_rows_forward_config(table, rows, num_groups)
+    if decode is table:
+        return tiling
+    return replace(tiling, block_rows=decode.block_rows, num_warps=decode.num_warps)
 
 
 def _kernel_flags(fmt: Float8Format, kind: int) -> dict:
@@ -126,6 +152,55 @@ def allocate_outputs(x, tensor_scale, group_size: int, fmt: Float8Format, store_
     return (data, scales, rstd, amax, *allocate_columnwise(fmt, rows, k, device))
 
 
+@dataclass(frozen=True)
+class FusedPlan:
+    """A fused launch: ``kernel`` over ``grid`` with its constexprs ``meta`` (the rowwise
+    kernel's without AMAX_ONLY, which varies by pass), the row layout's integer arguments,
+    and x and the gate as launched (made contiguous where their layout needs it)."""
+
+    kernel: object
+    grid: tuple[int]
+    meta: dict
+    layout_args: tuple
+    x: torch.Tensor
+    gate: torch.Tensor
+
+
+def fused_plan(x, gate, weight, fmt: Float8Format, tiling: Tiling, *, group_size: int,
+               zero_centered_gamma, activation, norm_before_gate, rounding, store_rstd: bool,
+               traceable: bool) -> FusedPlan:
+    """The fused kernel's launch for x, gate (x's shape) and weight (or None) on ``tiling``
+    (:func:`fused_kernel_tiling`, adjusted for decode sizes)."""
+    layout = row_layout([x, gate], group_size)
+    if layout is None:
+        x, gate = x.contiguous(), gate.contiguous()
+        layout = row_layout([x, gate], group_size)
+    num_tiles = x.shape[-1] // group_size // tiling.groups_per_tile
+    layout_args = (layout.rows, layout.size1, layout.size2, *layout.strides[0],
+                   *layout.strides[1])
+    meta = dict(
+        LEADING_DIMS=layout.leading_dims,
+        ROW_ALIGN=min(layout.row_align, tiling.max_vector_elements or layout.row_align),
+        BLOCK_ROWS=tiling.block_rows, BLOCK_N=tiling.block_n, TAIL_N=tiling.tail_n,
+        GROUPS_PER_TILE=tiling.groups_per_tile,
+        HAS_WEIGHT=weight is not None, ZERO_CENTERED=zero_centered_gamma,
+        ACTIVATION=_op_launch.ACTIVATION_FLAG[activation],
+        NORM_BEFORE_GATE=norm_before_gate, ROUNDING=_op_launch.ROUNDING_FLAG[rounding],
+        WEIGHT_PRODUCT_ROUNDED=(weight is not None and weight.dtype == x.dtype
+                                and x.dtype != torch.float32),
+        ROUND_Y=fmt.quantize_rounded, STORE_RSTD=store_rstd,
+        num_warps=tiling.num_warps, **_kernel_flags(fmt, scale_kind(fmt)))
+    if not fmt.columnwise:
+        grid = (triton.cdiv(layout.rows, tiling.block_rows) * num_tiles,)
+        return FusedPlan(quantized_forward_kernel, grid, meta, layout_args, x, gate)
+    # The columnwise kernel's rows are a token block.
+    del meta["BLOCK_ROWS"]
+    meta.update(num_warps=columnwise_warps(tiling, fmt.block_size),
+                QT_ALIGN=16 if not traceable and layout.rows % 16 == 0 else 1)
+    grid = (triton.cdiv(layout.rows, fmt.block_size) * num_tiles,)
+    return FusedPlan(quantized_forward_columnwise_kernel, grid, meta, layout_args, x, gate)
+
+
 def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma, activation,
                       norm_before_gate, group_size, rounding, fmt: Float8Format,
                       store_rstd: bool, traceable: bool):
@@ -141,6 +216,8 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
         return data, scales, rstd, amax, col_data, col_scales
     kind = scale_kind(fmt)
     tiling = fused_kernel_tiling(group_size, num_groups, fmt)
+    if tiling is not None and not fmt.columnwise:
+        tiling = few_rows_tiling(tiling, group_size, rows, num_groups)
     run = (lambda kernel: wrap_triton(kernel)) if traceable else (lambda kernel: kernel)
     scale_arg = tensor_scale if tensor_scale is not None else amax
     scale_out = scales.view(torch.uint8) if fmt.scaling == "mxfp8" else scales
@@ -163,40 +240,24 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
                 BLOCK_ROWS=QUANTIZE_TILE_ROWS, WIDTH=QUANTIZE_TILE_COLUMNS,
                 AMAX_ONLY=amax_only, num_warps=QUANTIZE_TILE_WARPS, **_kernel_flags(fmt, kind))
     else:
-        layout = row_layout([x, gate], group_size)
-        if layout is None:
-            x, gate = x.contiguous(), gate.contiguous()
-            layout = row_layout([x, gate], group_size)
-        layout_args = (layout.rows, layout.size1, layout.size2, *layout.strides[0],
-                       *layout.strides[1])
-        grid = (triton.cdiv(layout.rows, tiling.block_rows)
-                * (num_groups // tiling.groups_per_tile),)
-        meta = dict(
-            LEADING_DIMS=layout.leading_dims,
-            ROW_ALIGN=min(layout.row_align, tiling.max_vector_elements or layout.row_align),
-            BLOCK_ROWS=tiling.block_rows, BLOCK_N=tiling.block_n, TAIL_N=tiling.tail_n,
-            GROUPS_PER_TILE=tiling.groups_per_tile,
-            HAS_WEIGHT=weight is not None, ZERO_CENTERED=zero_centered_gamma,
-            ACTIVATION=_op_launch.ACTIVATION_FLAG[activation],
-            NORM_BEFORE_GATE=norm_before_gate, ROUNDING=_op_launch.ROUNDING_FLAG[rounding],
-            WEIGHT_PRODUCT_ROUNDED=(weight is not None and weight.dtype == x.dtype
-                                    and x.dtype != torch.float32),
-            ROUND_Y=fmt.quantize_rounded, STORE_RSTD=store_rstd,
-            num_warps=tiling.num_warps, **_kernel_flags(fmt, kind))
+        plan = fused_plan(x, gate, weight, fmt, tiling, group_size=group_size,
+                          zero_centered_gamma=zero_centered_gamma,
+                          activation=activation, norm_before_gate=norm_before_gate,
+                          rounding=rounding, store_rstd=store_rstd, traceable=traceable)
+        x, gate = plan.x, plan.gate
         weight_arg = x if weight is None else weight
         if fmt.columnwise:
-            grid = (triton.cdiv(layout.rows, fmt.block_size)
-                    * (num_groups // tiling.groups_per_tile),)
             col_scale_out = (col_scales.view(torch.uint8) if fmt.scaling == "mxfp8"
                              else col_scales)
-            run(quantized_forward_columnwise_kernel)[grid](
+            run(plan.kernel)[plan.grid](
                 x, gate, weight_arg, data.view(torch.uint8), scale_out,
-                col_data.view(torch.uint8), col_scale_out, rstd, *layout_args, k, *geometry,
-                col_scales.shape[1], group_size, num_groups, eps, **meta)
-        passes = () if fmt.columnwise else (True, False) if kind == TENSOR_CURRENT else (False,)
-        for amax_only in passes:
-            run(quantized_forward_kernel)[grid](
-                x, gate, weight_arg, data.view(torch.uint8), scale_out, rstd, scale_arg, amax,
-                *layout_args, k, *geometry, group_size, num_groups, eps,
-                AMAX_ONLY=amax_only, **meta)
+                col_data.view(torch.uint8), col_scale_out, rstd, *plan.layout_args, k,
+                *geometry, col_scales.shape[1], group_size, num_groups, eps, **plan.meta)
+        else:
+            passes = (True, False) if kind == TENSOR_CURRENT else (False,)
+            for amax_only in passes:
+                run(plan.kernel)[plan.grid](
+                    x, gate, weight_arg, data.view(torch.uint8), scale_out, rstd, scale_arg,
+                    amax, *plan.layout_args, k, *geometry, group_size, num_groups, eps,
+                    AMAX_ONLY=amax_only, **plan.meta)
     return data, scales, rstd, amax, col_data, col_scales

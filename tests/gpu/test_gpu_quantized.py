@@ -103,6 +103,13 @@ def test_every_rounding_and_dtype_is_the_reference_quantization_of_the_ops_outpu
     check_case(name, shape, dtype, rounding)
 
 
+@pytest.mark.parametrize("name", sorted(FORMAT_NAMES))
+@pytest.mark.parametrize("tokens", [1, 7, 33])
+def test_decode_sizes_on_the_one_warp_tile_are_the_reference_quantization(name, tokens,
+                                                                         decode_tile):
+    check_case(name, ("decode", tokens, 32 * 128, 128, "silu", True), torch.bfloat16, "te")
+
+
 def test_reference_scales_are_correctly_rounded_on_the_gpu():
     # The spec divides: amax / 448 rounded once, as on the CPU (where PyTorch divides too) and in
     # the kernels. PyTorch's CUDA division by a Python number multiplies by the reciprocal.
