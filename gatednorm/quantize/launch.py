@@ -28,7 +28,6 @@ from gatednorm.quantize.formats import (
     allocate_scales,
 )
 from gatednorm.quantize.kernels import quantize_kernel, quantized_forward_kernel
-from gatednorm.quantize.reference import columnwise_quantize
 
 # SCALE_KIND values of the kernels.
 BLOCK_FP32, BLOCK_POWER_OF_TWO, MXFP8_E8M0, TENSOR_GIVEN, TENSOR_CURRENT = range(5)
@@ -231,7 +230,18 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
             rstd = op_rstd
         y2d = y.reshape(rows, k)
         if fmt.columnwise:
-            col_data, col_scales = columnwise_quantize(y2d, fmt)
+            # The columnwise copy is the rowwise quantization of y^T (row-major scales), a
+            # partial last token block masked.
+            transposed = y2d.t().contiguous()
+            grid = (triton.cdiv(k, QUANTIZE_TILE_ROWS)
+                    * triton.cdiv(rows, QUANTIZE_TILE_COLUMNS),)
+            flags = dict(_kernel_flags(fmt, kind), SWIZZLED=False)
+            run(quantize_kernel)[grid](
+                transposed, col_data.view(torch.uint8),
+                col_scales.view(torch.uint8) if fmt.scaling == "mxfp8" else col_scales,
+                scale_arg, amax, k, rows, rows, col_scales.stride(0), col_scales.stride(1), 0,
+                BLOCK_ROWS=QUANTIZE_TILE_ROWS, WIDTH=QUANTIZE_TILE_COLUMNS, AMAX_ONLY=False,
+                num_warps=QUANTIZE_TILE_WARPS, **flags)
         grid = (triton.cdiv(rows, QUANTIZE_TILE_ROWS) * triton.cdiv(k, QUANTIZE_TILE_COLUMNS),)
         passes = (True, False) if kind == TENSOR_CURRENT else (False,)
         for amax_only in passes:

@@ -73,7 +73,9 @@ def test_random_fp32_quotients_divide_as_div_rn():
     generator = torch.Generator(device="cuda").manual_seed(1)
     n = 1 << 22
     for _ in range(20):
-        scale = (2.0 ** torch.empty(n, device="cuda").uniform_(-130, 120, generator=generator)
+        # Scales up to 2**111, so that y (to 449 scales) stays finite: an infinite y belongs
+        # to a block whose scale is 1 (the case below).
+        scale = (2.0 ** torch.empty(n, device="cuda").uniform_(-130, 110, generator=generator)
                  * (1 + torch.rand(n, device="cuda", generator=generator)))
         y = (torch.rand(n, device="cuda", generator=generator) * 2 - 1) * 449 * scale
         fast, exact, fast_codes, exact_codes = divide_both_ways(y, scale)
@@ -87,9 +89,13 @@ def test_zeros_infinities_nan_and_subnormals_give_the_spec_codes(scale):
     values = [0.0, float("nan"), 1e-40, 1e-45]
     if scale >= 1:  # a block holding them has a scale of at least 1
         values += [float("inf"), 3e38]
-    y = torch.tensor(values, device="cuda")
-    y = torch.cat([y, -y])  # -0.0, and a NaN with its sign bit set
-    assert y[len(values) + 1].view(torch.int32) < 0
+    y = torch.tensor(values)
+    y = torch.cat([y, -y])  # -0.0
+    # A NaN with its sign bit set, written as bits (negating a NaN on the GPU gives the
+    # canonical, positive NaN).
+    y.view(torch.int32)[len(values) + 1] = -0x400000
+    y = y.cuda()
+    assert y[len(values) + 1].isnan() and y[len(values) + 1].view(torch.int32) < 0
     _, _, fast_codes, exact_codes = divide_both_ways(y, torch.full_like(y, scale))
     assert fast_codes.tolist() == exact_codes.tolist()
     assert fast_codes[1] == fast_codes[len(values) + 1] == 0x7F
