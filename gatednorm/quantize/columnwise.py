@@ -30,7 +30,7 @@ from gatednorm.quantize.kernels import (
 
 @triton.jit
 def column_maxima(y, rows_idx, row_mask, valid_cols, WIDTH: tl.constexpr):
-    """max |y| over the rows of a [rows, WIDTH] tile, per column (NaN and masked lanes 0)."""
+    """max |y| over the rows of a [rows, WIDTH] tile, per column (NaN ignored, masked lanes 0)."""
     mask = row_mask[:, None] & (tl.arange(0, WIDTH) < valid_cols)[None, :]
     return tl.max(block_magnitude(y, mask), axis=0)  # [WIDTH]
 

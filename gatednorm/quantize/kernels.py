@@ -124,7 +124,7 @@ else:
         """uint8 E4M3 codes of fp32 values: saturated to +-448, nearest even, NaN -> 0x7F,
         by the hardware conversion (cvt.rn.satfinite). The values come out of arithmetic
         instructions, whose NaN results are the canonical 0x7FFFFFFF, which converts to
-        0x7F: no select (tests/gpu/test_gpu_quantized.py checks NaN of either sign)."""
+        0x7F: no select (tests/gpu/test_gpu_division.py checks NaN of either sign)."""
         return values.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
 
 
