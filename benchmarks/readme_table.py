@@ -135,7 +135,8 @@ def block(result: dict, results_path: str) -> str:
 FP8_START, FP8_END = "<!-- fp8-table:start -->", "<!-- fp8-table:end -->"
 FP8_FORMATS = (("1x128", "1x128"), ("1x128_ue8m0", "1x128 UE8M0"), ("mxfp8", "MXFP8"),
                ("delayed", "per-tensor delayed"), ("per_tensor", "per-tensor current"),
-               ("1x128_columnwise", "1x128 + columnwise"))
+               ("1x128_columnwise", "1x128 + columnwise"),
+               ("mxfp8_columnwise", "MXFP8 + columnwise"))
 
 
 def fp8_block(result: dict, results_path: str) -> str:

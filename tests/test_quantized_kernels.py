@@ -24,9 +24,11 @@ DTYPES = (torch.float16, torch.bfloat16)
 # (x shape, group size): GDN heads as [tokens, H * D] with D = 128 (blocks nest in groups)
 # and D = 64 (a 128-block straddles two heads), Mamba2-like 640-wide groups (head 512 + tail
 # 128 tiles), a 96-wide group (head 64 + tail 32: MXFP8 nests, 1x128 takes the unfused path),
-# a whole row of 256. Token counts leave a partial block of tokens for the columnwise copy.
+# a whole row of 256, and K = 480 (a multiple of MXFP8's 32, not of 128: the last 128-wide
+# tile of the unfused columnwise kernel is partial). Token counts leave a partial block of
+# tokens for the columnwise copy.
 SHAPES = [((40, 256), 128), ((130, 256), 64), ((33, 1280), 640), ((6, 384), 96),
-          ((5, 256), None)]
+          ((5, 256), None), ((20, 480), 96)]
 
 
 def codes(t):

@@ -30,6 +30,13 @@ COLUMNWISE_CASES = [dict(QT_ALIGN=16), dict(QT_ALIGN=1, BLOCK_N=64, GROUPS_PER_T
                     dict(QT_ALIGN=1, SCALE_KIND=2, QUANT_BLOCK=32)]
 QUANTIZE_CASES = [dict(BLOCK_ROWS=16, WIDTH=128, QUANT_BLOCK=128, SCALE_KIND=kind,
                        SWIZZLED=False, AMAX_ONLY=False) for kind in range(5)]
+# The unfused path's kernel of both copies (1x128 fp32 and power-of-two scales, MXFP8).
+QUANTIZE_COLUMNWISE_CASES = [dict(WIDTH=128, QUANT_BLOCK=128, SCALE_KIND=0, SWIZZLED=False,
+                                  QT_ALIGN=16),
+                             dict(WIDTH=128, QUANT_BLOCK=128, SCALE_KIND=1, SWIZZLED=False,
+                                  QT_ALIGN=1),
+                             dict(WIDTH=128, QUANT_BLOCK=32, SCALE_KIND=2, SWIZZLED=True,
+                                  QT_ALIGN=16)]
 POINTERS = dict(X="*bf16", GATE="*bf16", W="*bf16", Y="*bf16", Q="*u8", SCALE="*fp32",
                 RSTD="*fp32", TENSOR_SCALE="*fp32", AMAX="*fp32", QT="*u8", SCALE_T="*fp32")
 
@@ -39,7 +46,10 @@ def compile_all() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from gatednorm.quantize.columnwise import quantized_forward_columnwise_kernel
+    from gatednorm.quantize.columnwise import (
+        quantize_columnwise_kernel,
+        quantized_forward_columnwise_kernel,
+    )
     from gatednorm.quantize.kernels import quantize_kernel, quantized_forward_kernel
 
     target = GPUTarget("cuda", 90, 32)
@@ -47,7 +57,8 @@ def compile_all() -> None:
              + [(quantized_forward_columnwise_kernel,
                  {**{k: v for k, v in BASE.items() if k != "BLOCK_ROWS"}, **c})
                 for c in COLUMNWISE_CASES]
-             + [(quantize_kernel, c) for c in QUANTIZE_CASES])
+             + [(quantize_kernel, c) for c in QUANTIZE_CASES]
+             + [(quantize_columnwise_kernel, c) for c in QUANTIZE_COLUMNWISE_CASES])
     for kernel, constexprs in cases:
         signature = {name: ("constexpr" if name in constexprs else POINTERS.get(name)
                             or ("fp32" if name == "eps" else "i64"))

@@ -5,8 +5,9 @@
 
 For the GDN, Kimi, Mamba2 and Nemotron-H shapes (bf16), each format is timed three ways,
 side by side in one run: gatednorm's fused quantized forward; gatednorm's bf16 forward then
-torch.compile of the reference quantizer (dynamic shapes, compiled once per format); and the
-bf16 forward then TransformerEngine's quantizer where transformer_engine is importable.
+torch.compile of the reference quantizer (dynamic shapes, compiled once per format; both
+copies for the columnwise formats); and the bf16 forward then TransformerEngine's quantizer
+where transformer_engine is importable.
 Times are medians of single calls with L2-cold inputs (gatednorm.bench.timing.measure over
 rotated input sets); bandwidth is bytes moved over time, as a fraction of a large
 device-to-device copy. Decode sizes (1-32 tokens x 32 heads x 128) are timed inside a CUDA
@@ -43,14 +44,21 @@ from gatednorm.bench.timing import (
     measure,
     per_call_us,
 )
-from gatednorm.quantize import as_format, per_tensor, quantized_rms_norm_gated, reference_quantize
+from gatednorm.quantize import (
+    as_format,
+    columnwise_quantize,
+    per_tensor,
+    quantized_rms_norm_gated,
+    reference_quantize,
+)
 
 COPY_BYTES = 2**30
 # Input sets rotated so that one round touches this many times the H200's 60 MB L2.
 ROTATION_BYTES = 4 * 60 * 2**20
 MAX_SETS = 8
 DECODE_TOKENS = (1, 4, 8, 16, 32)
-FORMATS = ("1x128", "1x128_ue8m0", "mxfp8", "delayed", "per_tensor", "1x128_columnwise")
+FORMATS = ("1x128", "1x128_ue8m0", "mxfp8", "delayed", "per_tensor", "1x128_columnwise",
+           "mxfp8_columnwise")
 
 
 @dataclass(frozen=True)
@@ -148,7 +156,10 @@ def time_case(shape: Shape, name: str, device, budget, copy_gbps: float, smoke: 
 
     if name not in compiled_quantizers:
         def quantize(y, fmt=fmt):
-            return reference_quantize(y, fmt)
+            data, scales, amax = reference_quantize(y, fmt)
+            if fmt.columnwise:  # the transposed copy too, as the fused kernel writes it
+                return data, scales, amax, *columnwise_quantize(y, fmt)
+            return data, scales, amax
         # One code object compiled for every format: more variants than Dynamo's default
         # limit of 8, past which it would time the eager quantizer instead.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
@@ -166,7 +177,7 @@ def time_case(shape: Shape, name: str, device, budget, copy_gbps: float, smoke: 
         result = fused(x, gate, weight)
         expected, _, _ = reference_quantize(
             gatednorm.rms_norm_gated(x, gate, weight, **options), fmt)
-        compiled_data, _, _ = unfused(x, gate, weight)
+        compiled_data = unfused(x, gate, weight)[0]
     status = "ok" if torch.equal(result.data.view(torch.uint8), expected.view(torch.uint8)) \
         else "wrong"
     compiled_matches = torch.equal(compiled_data.view(torch.uint8), expected.view(torch.uint8))

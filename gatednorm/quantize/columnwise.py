@@ -11,6 +11,10 @@ so each row's sum of squares adds in the op's order). The column maxima reduce o
 both copies are quantized from the same registers. DRAM traffic is one read of x and the gate
 and both outputs. The launcher takes this kernel where the tile is at most 128 wide
 (quantize.launch.fused_kernel_tiling).
+
+Wider groups (Mamba2, Nemotron-H) and groups that do not nest with the block take the op's
+forward, then quantize_columnwise_kernel: both copies of y from one read of it, in the same
+[QUANT_BLOCK, 128] tiles.
 """
 
 import triton
@@ -131,3 +135,34 @@ def quantized_forward_columnwise_kernel(
             group_idx = first_group + tl.arange(0, GROUPS_PER_TILE)
             tl.store(RSTD + rows_idx[:, None] * num_groups + group_idx[None, :], rstd,
                      mask=row_mask[:, None])
+
+
+@triton.jit(do_not_specialize=["rows", "token_blocks"])
+def quantize_columnwise_kernel(
+    Y, Q, SCALE, QT, SCALE_T, rows, k, stride_scale_row, stride_scale_col, scale_col_tiles,
+    token_blocks,
+    WIDTH: tl.constexpr, QUANT_BLOCK: tl.constexpr, SCALE_KIND: tl.constexpr,
+    SWIZZLED: tl.constexpr, QT_ALIGN: tl.constexpr,
+):
+    """Both copies of a contiguous [rows, k] y (k a multiple of QUANT_BLOCK): program ``pid``
+    owns columns [pid % tiles * WIDTH, +WIDTH) of the QUANT_BLOCK tokens from
+    ``pid // tiles * QUANT_BLOCK``. Writes Q and SCALE (rowwise blocks along k), QT [k, rows]
+    and SCALE_T [k, token_blocks], as quantized_forward_columnwise_kernel does."""
+    pid = tl.program_id(0)
+    tiles_per_row = tl.cdiv(k, WIDTH)
+    col0 = (pid % tiles_per_row).to(tl.int64) * WIDTH
+    token_block = pid // tiles_per_row
+    rows_idx = token_block.to(tl.int64) * QUANT_BLOCK + tl.arange(0, QUANT_BLOCK)
+    row_mask = rows_idx < rows
+    valid = k - col0
+    cols = tl.arange(0, WIDTH)
+    mask = row_mask[:, None] & (cols < valid)[None, :]
+    y = tl.load(Y + rows_idx[:, None] * k + col0 + cols[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    amax = column_maxima(y, rows_idx, row_mask, valid, WIDTH)
+    store_column_scales(amax, col0, valid, SCALE_T, token_blocks, token_block, WIDTH,
+                        SCALE_KIND)
+    # k is a multiple of the block (32 or 128 columns): Q's rows start on 16 bytes.
+    store_both_copies(y, rows_idx, row_mask, col0, valid, amax, Q, SCALE, QT, rows, k,
+                      stride_scale_row, stride_scale_col, scale_col_tiles, QUANT_BLOCK, WIDTH,
+                      QUANT_BLOCK, SCALE_KIND, SWIZZLED, 16, QT_ALIGN)

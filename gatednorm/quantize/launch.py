@@ -4,7 +4,8 @@ Inputs arrive validated with a unit-stride last dim. The tiling is the unquantiz
 one-tile configuration for the group size (config.forward_config: rows, width, tail, warps),
 so the sum of squares is reduced in the same layout and y has the op's bits. Shapes where
 neither the quantization block nests in the group nor the group in the block, and groups
-wider than a register tile, take the unfused path: the op's forward, then quantize_kernel.
+wider than a register tile, take the unfused path: the op's forward, then quantize_kernel
+(rowwise) or quantize_columnwise_kernel (both copies).
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from gatednorm.kernels import launch as _op_launch
 from gatednorm.kernels.config import forward_config
 from gatednorm.kernels.layout import row_layout
 from gatednorm.kernels.plan import few_rows_forward_config
-from gatednorm.quantize.columnwise import quantized_forward_columnwise_kernel
+from gatednorm.quantize.columnwise import (
+    quantize_columnwise_kernel,
+    quantized_forward_columnwise_kernel,
+)
 from gatednorm.quantize.formats import (
     FP8_DTYPE,
     SWIZZLE_COLS,
@@ -38,6 +42,7 @@ QUANTIZE_TILE_WARPS = 4
 # The columnwise kernel's tile: at most this wide, and this many values of y a thread.
 COLUMNWISE_MAX_WIDTH = 128
 COLUMNWISE_ELEMENTS_PER_THREAD = 64
+COLUMNWISE_MAX_WARPS = 8
 
 
 def scale_kind(fmt: Float8Format) -> int:
@@ -96,13 +101,13 @@ def fused_kernel_tiling(group_size: int, num_groups: int, fmt: Float8Format) -> 
     return tiling
 
 
-def columnwise_warps(tiling: Tiling, quant_block: int) -> int:
-    """Warps of the columnwise kernel's [quant_block, width] tile: the op's tile's warps, or
-    more, up to 8, to hold at most COLUMNWISE_ELEMENTS_PER_THREAD values of y a thread. Warps
-    stack along the rows, so a row's lanes, and its sum's order, stay the op's."""
-    width = tiling.block_n * tiling.groups_per_tile + tiling.tail_n
+def columnwise_warps(quant_block: int, width: int, least: int = 4) -> int:
+    """Warps of a columnwise kernel's [quant_block, width] tile: ``least`` (the fused
+    kernel passes the op's tile's warps), or more, up to COLUMNWISE_MAX_WARPS, to hold at
+    most COLUMNWISE_ELEMENTS_PER_THREAD values of y a thread. Warps stack along the rows,
+    so a row's lanes, and its sum's order, stay the op's."""
     wanted = quant_block * width // (32 * COLUMNWISE_ELEMENTS_PER_THREAD)
-    return max(tiling.num_warps, min(8, wanted))
+    return max(least, min(COLUMNWISE_MAX_WARPS, wanted))
 
 
 def few_rows_tiling(tiling: Tiling, group_size: int, rows, num_groups: int) -> Tiling:
@@ -194,7 +199,8 @@ def fused_plan(x, gate, weight, fmt: Float8Format, tiling: Tiling, *, group_size
         return FusedPlan(quantized_forward_kernel, grid, meta, layout_args, x, gate)
     # The columnwise kernel's rows are a token block.
     del meta["BLOCK_ROWS"]
-    meta.update(num_warps=columnwise_warps(tiling, fmt.block_size),
+    width = tiling.block_n * tiling.groups_per_tile + tiling.tail_n
+    meta.update(num_warps=columnwise_warps(fmt.block_size, width, tiling.num_warps),
                 QT_ALIGN=16 if not traceable and layout.rows % 16 == 0 else 1)
     grid = (triton.cdiv(layout.rows, fmt.block_size) * num_tiles,)
     return FusedPlan(quantized_forward_columnwise_kernel, grid, meta, layout_args, x, gate)
@@ -230,25 +236,26 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
             rstd = op_rstd
         y2d = y.reshape(rows, k)
         if fmt.columnwise:
-            # The columnwise copy is the rowwise quantization of y^T (row-major scales), a
-            # partial last token block masked.
-            transposed = y2d.t().contiguous()
-            grid = (triton.cdiv(k, QUANTIZE_TILE_ROWS)
-                    * triton.cdiv(rows, QUANTIZE_TILE_COLUMNS),)
-            flags = dict(_kernel_flags(fmt, kind), SWIZZLED=False)
-            run(quantize_kernel)[grid](
-                transposed, col_data.view(torch.uint8),
-                col_scales.view(torch.uint8) if fmt.scaling == "mxfp8" else col_scales,
-                scale_arg, amax, k, rows, rows, col_scales.stride(0), col_scales.stride(1), 0,
-                BLOCK_ROWS=QUANTIZE_TILE_ROWS, WIDTH=QUANTIZE_TILE_COLUMNS, AMAX_ONLY=False,
-                num_warps=QUANTIZE_TILE_WARPS, **flags)
-        grid = (triton.cdiv(rows, QUANTIZE_TILE_ROWS) * triton.cdiv(k, QUANTIZE_TILE_COLUMNS),)
-        passes = (True, False) if kind == TENSOR_CURRENT else (False,)
-        for amax_only in passes:
-            run(quantize_kernel)[grid](
-                y2d, data.view(torch.uint8), scale_out, scale_arg, amax, rows, k, k, *geometry,
-                BLOCK_ROWS=QUANTIZE_TILE_ROWS, WIDTH=QUANTIZE_TILE_COLUMNS,
-                AMAX_ONLY=amax_only, num_warps=QUANTIZE_TILE_WARPS, **_kernel_flags(fmt, kind))
+            # Both copies from one read of y, a partial last token block masked.
+            col_scale_out = (col_scales.view(torch.uint8) if fmt.scaling == "mxfp8"
+                             else col_scales)
+            width = QUANTIZE_TILE_COLUMNS
+            grid = (triton.cdiv(rows, fmt.block_size) * triton.cdiv(k, width),)
+            run(quantize_columnwise_kernel)[grid](
+                y2d, data.view(torch.uint8), scale_out, col_data.view(torch.uint8),
+                col_scale_out, rows, k, *geometry, col_scales.shape[1], WIDTH=width,
+                QT_ALIGN=16 if not traceable and rows % 16 == 0 else 1,
+                num_warps=columnwise_warps(fmt.block_size, width), **_kernel_flags(fmt, kind))
+        else:
+            grid = (triton.cdiv(rows, QUANTIZE_TILE_ROWS)
+                    * triton.cdiv(k, QUANTIZE_TILE_COLUMNS),)
+            passes = (True, False) if kind == TENSOR_CURRENT else (False,)
+            for amax_only in passes:
+                run(quantize_kernel)[grid](
+                    y2d, data.view(torch.uint8), scale_out, scale_arg, amax, rows, k, k,
+                    *geometry, BLOCK_ROWS=QUANTIZE_TILE_ROWS, WIDTH=QUANTIZE_TILE_COLUMNS,
+                    AMAX_ONLY=amax_only, num_warps=QUANTIZE_TILE_WARPS,
+                    **_kernel_flags(fmt, kind))
     else:
         plan = fused_plan(x, gate, weight, fmt, tiling, group_size=group_size,
                           zero_centered_gamma=zero_centered_gamma,
