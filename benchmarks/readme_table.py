@@ -161,6 +161,20 @@ def fp8_block(result: dict, results_path: str) -> str:
                          f"{r['fused_ms'] * 1e3:.0f} us, {100 * r['fused_frac_copy']:.0f} %, "
                          f"{r['speedup_vs_fastest_unfused']:.2f}x")
         lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    same = [r for r in quantized["records"]
+            if r["status"] == "ok" and "fused_frac_same_bytes_copy" in r]
+    if same:
+        def percent_span(records):
+            return _span([100 * r["fused_frac_same_bytes_copy"] for r in records],
+                         lambda v: f"{v:.0f}", " %")
+        rowwise = [r for r in same if not r["format"].endswith("columnwise")]
+        columnwise = [r for r in same if r["format"].endswith("columnwise")]
+        parts = [f"{label} {percent_span(records)}" for label, records in
+                 (("rowwise formats", rowwise), ("with a columnwise copy", columnwise))
+                 if records]
+        lines += ["", "Against copies that move the same bytes in as many launches (what each "
+                      "size alone allows, launch ramp-up and last wave included): "
+                  + ", ".join(parts) + "."]
     if quantized.get("note"):
         lines += ["", quantized["note"]]
     decode = quantized.get("decode", [])
