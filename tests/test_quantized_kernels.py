@@ -153,10 +153,13 @@ def special_inputs(dtype):
 
 
 # Groups of 96 straddle the 128-element blocks (the unfused path); MXFP8's 32-element blocks
-# fit them and take the fused kernel, as the 96-wide case above.
+# fit them and take the fused kernel, as the 96-wide case above. Columnwise copies: fused on
+# groups of 128, the unfused path's kernel of both copies on groups of 96 (head + tail tiles).
 @pytest.mark.parametrize("name, group", [
-    (name, 128) for name in ("1x128", "1x128_ue8m0", "mxfp8", "per_tensor")] + [
-    (name, 96) for name in ("1x128", "1x128_ue8m0", "per_tensor")])
+    (name, 128) for name in ("1x128", "1x128_ue8m0", "mxfp8", "per_tensor", "1x128_columnwise",
+                             "mxfp8_columnwise")] + [
+    (name, 96) for name in ("1x128", "1x128_ue8m0", "per_tensor", "1x128_columnwise",
+                            "mxfp8_columnwise")])
 def test_zero_nan_inf_negative_zero_and_subnormal_blocks_match_the_reference(name, group):
     x, gate = special_inputs(torch.float16)
     if group == 96:
