@@ -39,7 +39,9 @@ BLOCK_FP32, BLOCK_POWER_OF_TWO, MXFP8_E8M0, TENSOR_GIVEN, TENSOR_CURRENT = range
 QUANTIZE_TILE_ROWS = 16
 QUANTIZE_TILE_COLUMNS = 128
 QUANTIZE_TILE_WARPS = 4
-# The columnwise kernel's tile: at most this wide, and this many values of y a thread.
+# The fused columnwise kernel's tile is at most this wide; both columnwise kernels (fused, and
+# the unfused path's kernel of both copies) hold at most this many values of y a thread, over
+# at most this many warps.
 COLUMNWISE_MAX_WIDTH = 128
 COLUMNWISE_ELEMENTS_PER_THREAD = 64
 COLUMNWISE_MAX_WARPS = 8
