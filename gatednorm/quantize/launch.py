@@ -112,6 +112,12 @@ def columnwise_warps(quant_block: int, width: int, least: int = 4) -> int:
     return max(least, min(COLUMNWISE_MAX_WARPS, wanted))
 
 
+def transposed_alignment(rows, traceable: bool) -> int:
+    """QT_ALIGN of the columnwise kernels: 16 where the token count (the transposed copy's
+    row stride) is a multiple of 16 and known at launch; a traced launch's row count varies."""
+    return 16 if not traceable and rows % 16 == 0 else 1
+
+
 def few_rows_tiling(tiling: Tiling, group_size: int, rows, num_groups: int) -> Tiling:
     """``tiling``, or the op's one-warp decode tile where the op's forward takes it (few
     programs of a table tile up to 128 wide: decode sizes); same lanes and order, so y keeps
@@ -203,7 +209,7 @@ def fused_plan(x, gate, weight, fmt: Float8Format, tiling: Tiling, *, group_size
     del meta["BLOCK_ROWS"]
     width = tiling.block_n * tiling.groups_per_tile + tiling.tail_n
     meta.update(num_warps=columnwise_warps(fmt.block_size, width, tiling.num_warps),
-                QT_ALIGN=16 if not traceable and layout.rows % 16 == 0 else 1)
+                QT_ALIGN=transposed_alignment(layout.rows, traceable))
     grid = (triton.cdiv(layout.rows, fmt.block_size) * num_tiles,)
     return FusedPlan(quantized_forward_columnwise_kernel, grid, meta, layout_args, x, gate)
 
@@ -228,6 +234,8 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
     run = (lambda kernel: wrap_triton(kernel)) if traceable else (lambda kernel: kernel)
     scale_arg = tensor_scale if tensor_scale is not None else amax
     scale_out = scales.view(torch.uint8) if fmt.scaling == "mxfp8" else scales
+    col_scale_out = (col_scales.view(torch.uint8) if fmt.columnwise and fmt.scaling == "mxfp8"
+                     else col_scales)
     geometry = _scale_geometry(scales, fmt, k)
     if tiling is None:
         y, op_rstd = _op_launch.forward(
@@ -239,14 +247,12 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
         y2d = y.reshape(rows, k)
         if fmt.columnwise:
             # Both copies from one read of y, a partial last token block masked.
-            col_scale_out = (col_scales.view(torch.uint8) if fmt.scaling == "mxfp8"
-                             else col_scales)
             width = QUANTIZE_TILE_COLUMNS
             grid = (triton.cdiv(rows, fmt.block_size) * triton.cdiv(k, width),)
             run(quantize_columnwise_kernel)[grid](
                 y2d, data.view(torch.uint8), scale_out, col_data.view(torch.uint8),
                 col_scale_out, rows, k, *geometry, col_scales.shape[1], WIDTH=width,
-                QT_ALIGN=16 if not traceable and rows % 16 == 0 else 1,
+                QT_ALIGN=transposed_alignment(rows, traceable),
                 num_warps=columnwise_warps(fmt.block_size, width), **_kernel_flags(fmt, kind))
         else:
             grid = (triton.cdiv(rows, QUANTIZE_TILE_ROWS)
@@ -266,8 +272,6 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
         x, gate = plan.x, plan.gate
         weight_arg = x if weight is None else weight
         if fmt.columnwise:
-            col_scale_out = (col_scales.view(torch.uint8) if fmt.scaling == "mxfp8"
-                             else col_scales)
             run(plan.kernel)[plan.grid](
                 x, gate, weight_arg, data.view(torch.uint8), scale_out,
                 col_data.view(torch.uint8), col_scale_out, rstd, *plan.layout_args, k,
