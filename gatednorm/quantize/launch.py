@@ -39,12 +39,13 @@ BLOCK_FP32, BLOCK_POWER_OF_TWO, MXFP8_E8M0, TENSOR_GIVEN, TENSOR_CURRENT = range
 QUANTIZE_TILE_ROWS = 16
 QUANTIZE_TILE_COLUMNS = 128
 QUANTIZE_TILE_WARPS = 4
-# The fused columnwise kernel's tile is at most this wide; both columnwise kernels (fused, and
-# the unfused path's kernel of both copies) hold at most this many values of y a thread, over
-# at most this many warps.
+# The fused columnwise kernel's tile is at most this wide. The columnwise kernels hold at most
+# this many values of y a thread (the fused kernel also holds x and the gate, so it spreads a
+# tile over more warps), over at most COLUMNWISE_MAX_WARPS warps.
 COLUMNWISE_MAX_WIDTH = 128
-COLUMNWISE_ELEMENTS_PER_THREAD = 64
-COLUMNWISE_MAX_WARPS = 8
+FUSED_COLUMNWISE_ELEMENTS_PER_THREAD = 32
+UNFUSED_COLUMNWISE_ELEMENTS_PER_THREAD = 64
+COLUMNWISE_MAX_WARPS = 16
 
 
 def scale_kind(fmt: Float8Format) -> int:
@@ -103,12 +104,13 @@ def fused_kernel_tiling(group_size: int, num_groups: int, fmt: Float8Format) -> 
     return tiling
 
 
-def columnwise_warps(quant_block: int, width: int, least: int = 4) -> int:
+def columnwise_warps(quant_block: int, width: int, elements_per_thread: int,
+                     least: int = 4) -> int:
     """Warps of a columnwise kernel's [quant_block, width] tile: ``least`` (the fused
     kernel passes the op's tile's warps), or more, up to COLUMNWISE_MAX_WARPS, to hold at
-    most COLUMNWISE_ELEMENTS_PER_THREAD values of y a thread. Warps stack along the rows,
-    so a row's lanes, and its sum's order, stay the op's."""
-    wanted = quant_block * width // (32 * COLUMNWISE_ELEMENTS_PER_THREAD)
+    most ``elements_per_thread`` values of y a thread. Warps stack along the rows, so a
+    row's lanes, and its sum's order, stay the op's."""
+    wanted = quant_block * width // (32 * elements_per_thread)
     return max(least, min(COLUMNWISE_MAX_WARPS, wanted))
 
 
@@ -208,7 +210,9 @@ def fused_plan(x, gate, weight, fmt: Float8Format, tiling: Tiling, *, group_size
     # The columnwise kernel's rows are a token block.
     del meta["BLOCK_ROWS"]
     width = tiling.block_n * tiling.groups_per_tile + tiling.tail_n
-    meta.update(num_warps=columnwise_warps(fmt.block_size, width, tiling.num_warps),
+    meta.update(num_warps=columnwise_warps(fmt.block_size, width,
+                                          FUSED_COLUMNWISE_ELEMENTS_PER_THREAD,
+                                          tiling.num_warps),
                 QT_ALIGN=transposed_alignment(layout.rows, traceable))
     grid = (triton.cdiv(layout.rows, fmt.block_size) * num_tiles,)
     return FusedPlan(quantized_forward_columnwise_kernel, grid, meta, layout_args, x, gate)
@@ -253,7 +257,9 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
                 y2d, data.view(torch.uint8), scale_out, col_data.view(torch.uint8),
                 col_scale_out, rows, k, *geometry, col_scales.shape[1], WIDTH=width,
                 QT_ALIGN=transposed_alignment(rows, traceable),
-                num_warps=columnwise_warps(fmt.block_size, width), **_kernel_flags(fmt, kind))
+                num_warps=columnwise_warps(fmt.block_size, width,
+                                           UNFUSED_COLUMNWISE_ELEMENTS_PER_THREAD),
+                **_kernel_flags(fmt, kind))
         else:
             grid = (triton.cdiv(rows, QUANTIZE_TILE_ROWS)
                     * triton.cdiv(k, QUANTIZE_TILE_COLUMNS),)

@@ -89,9 +89,11 @@ DECODE_CASES = (
 
 # (name, rows, K, group, norm_before_gate): partial row tiles and partial 128/32-token column
 # blocks (37 rows), Mamba2's 640-wide groups gate-first, a decode row count, and a group width
-# the fused kernel does not tile (96: the norm, then the quantize kernel on its y).
+# the fused kernel does not tile (96: the norm, then the quantize kernel on its y). 160 rows:
+# a whole and a partial 128-token block, the transposed copy stored 16 tokens at a time.
 QUANTIZED_SHAPES = (
     ("fp8 37x384 groups of 128", 37, 384, 128, True),
+    ("fp8 160x3072 groups of 96 (unfused)", 160, 3072, 96, True),
     ("fp8 37x1280 groups of 640 gate-first", 37, 1280, 640, False),
     ("fp8 decode 3x4096 groups of 128", 3, 4096, 128, True),
     ("fp8 37x3072 groups of 96 (unfused)", 37, 3072, 96, True),
