@@ -60,7 +60,7 @@ QUANTIZED_BASE = dict(LEADING_DIMS=1, ROW_ALIGN=8, HAS_WEIGHT=True, ZERO_CENTERE
                       ACTIVATION=0, NORM_BEFORE_GATE=True, ROUNDING=0,
                       WEIGHT_PRODUCT_ROUNDED=True, STORE_RSTD=True, BLOCK_ROWS=16, BLOCK_N=128,
                       TAIL_N=0, GROUPS_PER_TILE=1, QUANT_BLOCK=128, SCALE_KIND=0,
-                      SWIZZLED=False, ROUND_Y=True, num_warps=4)
+                      SWIZZLED=False, SCALE_WORDS=False, ROUND_Y=True, num_warps=4)
 FUSED = dict(QUANTIZED_BASE, AMAX_ONLY=False)
 # (module, kernel, constexprs, width, group size)
 QUANTIZED = {
@@ -68,7 +68,7 @@ QUANTIZED = {
         "gatednorm.quantize.kernels", "quantized_forward_kernel", FUSED, 4096, 128),
     "FP8 output, MXFP8 swizzled": (
         "gatednorm.quantize.kernels", "quantized_forward_kernel",
-        dict(FUSED, SCALE_KIND=2, QUANT_BLOCK=32, SWIZZLED=True), 4096, 128),
+        dict(FUSED, SCALE_KIND=2, QUANT_BLOCK=32, SWIZZLED=True, SCALE_WORDS=True), 4096, 128),
     "FP8 output, per-tensor scale, Mamba2 gate first": (
         "gatednorm.quantize.kernels", "quantized_forward_kernel",
         dict(FUSED, SCALE_KIND=3, QUANT_BLOCK=1, BLOCK_ROWS=1, BLOCK_N=512, TAIL_N=128,

@@ -14,7 +14,12 @@ from gatednorm.quantize import (
     mxfp8,
     per_tensor,
 )
-from gatednorm.quantize.launch import few_rows_tiling, fused_tiling
+from gatednorm.quantize.launch import (
+    few_rows_tiling,
+    fused_scale_words,
+    fused_tiling,
+    stores_scale_words,
+)
 from gatednorm.quantize.reference import mismatches
 
 pytestmark = pytest.mark.skipif(not ops.INTERPRET, reason="CPU kernel tests need TRITON_INTERPRET=1")
@@ -81,8 +86,9 @@ def test_every_format_order_and_rounding_matches_the_reference_quantizer(
 
 @pytest.mark.parametrize("shape, group", SHAPES)
 @pytest.mark.parametrize("fmt", [block_1x128(power_of_two_scales=True, columnwise=True),
-                                 mxfp8(swizzled=True, columnwise=True), per_tensor()],
-                         ids=["1x128_ue8m0_columnwise", "mxfp8_swizzled_columnwise", "tensor"])
+                                 mxfp8(swizzled=True, columnwise=True), mxfp8(), per_tensor()],
+                         ids=["1x128_ue8m0_columnwise", "mxfp8_swizzled_columnwise", "mxfp8",
+                              "tensor"])
 def test_group_layouts_match_the_reference_quantizer(shape, group, fmt, monkeypatch):
     if shape[-1] % max(fmt.block_size, 1):
         pytest.skip("K is not a multiple of the block")
@@ -116,6 +122,16 @@ def test_the_shapes_take_the_fused_kernel_where_blocks_and_groups_nest():
     assert fused_tiling(96, 4, 32) is not None
     assert fused_tiling(96, 4, 128) is None
     assert fused_tiling(32768, 1, 128) is None
+
+
+def test_mxfp8_scales_are_stored_four_to_a_word_where_tiles_span_whole_128_columns():
+    fmt = mxfp8()
+    assert fused_scale_words(fmt, fused_tiling(128, 32, 32), 128)
+    assert fused_scale_words(fmt, fused_tiling(640, 8, 32), 640)  # head 512 + tail 128
+    assert not fused_scale_words(fmt, fused_tiling(64, 4, 32), 64)
+    assert not fused_scale_words(fmt, fused_tiling(96, 4, 32), 96)  # head 64 + tail 32
+    assert stores_scale_words(fmt, 4096) and not stores_scale_words(fmt, 480)
+    assert not stores_scale_words(block_1x128(), 4096)
 
 
 def test_decode_sizes_take_the_ops_one_warp_tile(decode_tile):
@@ -210,17 +226,21 @@ def test_strided_inputs_and_the_gdn_head_view():
     assert_matches_reference_of_op_output(result, y)
 
 
-def test_delayed_scaling_uses_the_given_scale_and_reports_amax():
+def test_delayed_scaling_uses_the_given_scale_and_reports_amax(monkeypatch):
     x, gate, weight = inputs((8, 256), torch.float16)
     scale = torch.tensor([0.004])
     amax_out = torch.full((1,), float("nan"))
+    poisoned(monkeypatch)
     result = gatednorm.rms_norm_gated(x, gate, weight, quantize=per_tensor(scale,
                                                                            amax_out=amax_out))
+    monkeypatch.undo()
     y = gatednorm.rms_norm_gated(x, gate, weight)
     assert_matches_reference_of_op_output(result, y)
     assert torch.equal(amax_out, y.float().abs().amax().reshape(1))
     assert torch.equal(result.scale, scale)
     assert codes(result.data).eq(0x7E).any()  # saturated at 448
+    scale.fill_(1.0)  # the next step's scale: the output keeps the one it was quantized with
+    assert torch.equal(result.scale, torch.tensor([0.004]))
 
 
 def test_module_with_quantize_returns_the_quantized_output():
@@ -232,10 +252,16 @@ def test_module_with_quantize_returns_the_quantized_output():
     assert_matches_reference_of_op_output(result, plain(x, gate))
 
 
-def test_empty_input_returns_empty_outputs():
+def test_empty_input_returns_empty_outputs(monkeypatch):
     x = torch.empty(0, 256, dtype=torch.float16)
+    poisoned(monkeypatch)
     result = gatednorm.rms_norm_gated(x, x, quantize="mxfp8_swizzled")
     assert result.data.shape == (0, 256) and result.scale.numel() == 0
+    # Per-tensor scales of no tokens: the given scale, or current scaling's of amax 0.
+    delayed = gatednorm.rms_norm_gated(x, x, quantize=per_tensor(torch.tensor([0.5])))
+    current = gatednorm.rms_norm_gated(x, x, quantize="per_tensor")
+    assert delayed.scale.tolist() == [0.5] and current.scale.tolist() == [1.0]
+    assert delayed.amax.tolist() == [0.0] and current.amax.tolist() == [0.0]
 
 
 @pytest.mark.parametrize("x_dtype, weight_dtype, zero_centered", [

@@ -9,8 +9,8 @@ groups nest in the block (64-wide groups, 128-wide blocks) a program holds the
 GROUPS_PER_TILE groups of one block and reduces each group apart.
 
 SCALE_KIND: 0 fp32 amax / 448, 1 the same rounded up to a power of two, 2 E8M0 (MXFP8),
-3 a given per-tensor scale (the call's amax atomically maxed into AMAX), 4 per-tensor
-current scaling (amax read from AMAX, written by an AMAX_ONLY pass before).
+3 a given per-tensor scale (copied to SCALE; the call's amax atomically maxed into AMAX), 4
+per-tensor current scaling (amax read from AMAX, written by an AMAX_ONLY pass before).
 """
 
 import os
@@ -139,6 +139,29 @@ def swizzled_offsets(rows_idx, block_idx, scale_col_tiles):
 
 
 @triton.jit
+def swizzled_word_offsets(rows_idx, word_idx, scale_col_tiles):
+    """Offsets, in 32-bit words, of the swizzled layout's [rows, words] scale words: word
+    ``w`` of a row holds its scale columns 4w..4w+3, which swizzled_offsets puts in four
+    adjacent bytes of one 128x4 tile."""
+    row = rows_idx[:, None]
+    tile = (row // 128) * scale_col_tiles + word_idx[None, :]
+    return tile * 128 + (row % 32) * 4 + (row % 128) // 32
+
+
+@triton.jit
+def scale_words(stored, BLOCK_ROWS: tl.constexpr, BLOCKS: tl.constexpr):
+    """[BLOCK_ROWS, BLOCKS // 4] int32 words of [BLOCK_ROWS, BLOCKS] E8M0 exponents, four
+    consecutive blocks a word, the first in the lowest byte (little-endian: the bytes' order
+    in memory)."""
+    tl.static_assert(BLOCKS % 4 == 0)
+    shifts = (tl.arange(0, 4) * 8)[None, None, :]
+    grouped = tl.reshape(stored.to(tl.int32), [BLOCK_ROWS, BLOCKS // 4, 4])
+    # The fields are disjoint: their sum is their bitwise or (a sign bit set by the shift
+    # of the fourth byte included).
+    return tl.sum(grouped << shifts, axis=2)
+
+
+@triton.jit
 def division_factors(scale):
     """(divisor, negative_inverse, negative_prescale) of positive fp32 scales for
     :func:`divide`. Scales below 2**-64 (maxima below 448 * 2**-64) are scaled by 2**64,
@@ -199,10 +222,15 @@ def apply_scale(y, divisor, multiplier, prescale, SCALE_KIND: tl.constexpr):
 def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCALE, AMAX, k,
                   stride_scale_row, stride_scale_col, scale_col_tiles,
                   BLOCK_ROWS: tl.constexpr, WIDTH: tl.constexpr, QUANT_BLOCK: tl.constexpr,
-                  SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr, AMAX_ONLY: tl.constexpr,
-                  Q_ALIGN: tl.constexpr):
+                  SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr, SCALE_WORDS: tl.constexpr,
+                  AMAX_ONLY: tl.constexpr, Q_ALIGN: tl.constexpr):
     """Quantize and store a [BLOCK_ROWS, WIDTH] fp32 tile of y whose first column is column
     ``col0`` of the [rows, k] output; columns at or past ``valid_cols`` are padding.
+
+    SCALE_WORDS (MXFP8, where ``col0`` and ``valid_cols`` are multiples of 128): SCALE is the
+    scales' storage as int32 and its strides count words; each row's scales are stored four
+    to a word. A row's four blocks of 128 columns share one 32-byte sector either way, but
+    four byte stores to it cost the tile's store pipeline and L2 more than one word store.
 
     Q_ALIGN: what ``rows * k + col0`` is a multiple of, stated rather than inferred. The
     layout of Q's store can become the tile's layout, and so fix the order of the fused
@@ -239,25 +267,40 @@ def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCAL
                                                 prescale[:, :, None], SCALE_KIND),
                                     [BLOCK_ROWS, WIDTH])
             codes = fp8_codes(values)
-            block_idx = col0 // QUANT_BLOCK + tl.arange(0, BLOCKS)  # [BLOCKS]
-            block_mask = row_mask[:, None] & (tl.arange(0, BLOCKS) * QUANT_BLOCK
-                                              < valid_cols)[None, :]
-            if SWIZZLED:
-                scale_offsets = swizzled_offsets(rows_idx, block_idx, scale_col_tiles)
+            if SCALE_WORDS:
+                tl.static_assert(SCALE_KIND == 2)
+                scale_values = scale_words(scale_values, BLOCK_ROWS, BLOCKS)
+                STORED: tl.constexpr = BLOCKS // 4
+                COLUMNS_STORED: tl.constexpr = 4 * QUANT_BLOCK
+            else:
+                STORED: tl.constexpr = BLOCKS
+                COLUMNS_STORED: tl.constexpr = QUANT_BLOCK
+            stored_idx = col0 // COLUMNS_STORED + tl.arange(0, STORED)  # [STORED]
+            stored_mask = row_mask[:, None] & (tl.arange(0, STORED) * COLUMNS_STORED
+                                               < valid_cols)[None, :]
+            if SWIZZLED and SCALE_WORDS:
+                scale_offsets = swizzled_word_offsets(rows_idx, stored_idx, scale_col_tiles)
+            elif SWIZZLED:
+                scale_offsets = swizzled_offsets(rows_idx, stored_idx, scale_col_tiles)
             else:
                 scale_offsets = (rows_idx[:, None] * stride_scale_row
-                                 + block_idx[None, :] * stride_scale_col)
-            tl.store(SCALE + scale_offsets, scale_values, mask=block_mask)
+                                 + stored_idx[None, :] * stride_scale_col)
+            tl.store(SCALE + scale_offsets, scale_values, mask=stored_mask)
         q_rows = tl.multiple_of(rows_idx * k + col0, Q_ALIGN)  # [BLOCK_ROWS]
         tl.store(Q + q_rows[:, None] + cols[None, :], codes, mask=mask)
 
 
 @triton.jit
-def store_current_scale(SCALE, AMAX, SCALE_KIND: tl.constexpr, AMAX_ONLY: tl.constexpr):
-    """Current scaling: program 0 of the quantizing pass stores the scale it used."""
-    if SCALE_KIND == 4 and not AMAX_ONLY:
+def store_tensor_scale(SCALE, TENSOR_SCALE, AMAX, SCALE_KIND: tl.constexpr,
+                       AMAX_ONLY: tl.constexpr):
+    """Per-tensor scaling: program 0 of the quantizing pass stores the scale it used (the given
+    one, which the output keeps as of this call, or current scaling's)."""
+    if SCALE_KIND >= 3 and not AMAX_ONLY:
         if tl.program_id(0) == 0:
-            tl.store(SCALE, fp32_scale(tl.load(AMAX), False))
+            if SCALE_KIND == 3:
+                tl.store(SCALE, tl.load(TENSOR_SCALE))
+            else:
+                tl.store(SCALE, fp32_scale(tl.load(AMAX), False))
 
 
 @triton.jit
@@ -334,7 +377,8 @@ def quantized_forward_kernel(
     HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr, ACTIVATION: tl.constexpr,
     NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
     QUANT_BLOCK: tl.constexpr, SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr,
-    ROUND_Y: tl.constexpr, STORE_RSTD: tl.constexpr, AMAX_ONLY: tl.constexpr,
+    SCALE_WORDS: tl.constexpr, ROUND_Y: tl.constexpr, STORE_RSTD: tl.constexpr,
+    AMAX_ONLY: tl.constexpr,
 ):
     """Program ``pid`` owns tile ``pid % (num_groups // GROUPS_PER_TILE)`` of rows
     ``[pid // that * BLOCK_ROWS, +BLOCK_ROWS)``: one group ([BLOCK_ROWS, BLOCK_N] plus a
@@ -357,13 +401,14 @@ def quantized_forward_kernel(
         ACTIVATION, NORM_BEFORE_GATE, ROUNDING, WEIGHT_PRODUCT_ROUNDED, ROUND_Y)
     quantize_tile(y, rows_idx, row_mask, tile_offset, group_size * GROUPS_PER_TILE, Q, SCALE,
                   TENSOR_SCALE, AMAX, k, stride_scale_row, stride_scale_col, scale_col_tiles,
-                  BLOCK_ROWS, WIDTH, QUANT_BLOCK, SCALE_KIND, SWIZZLED, AMAX_ONLY, ROW_ALIGN)
+                  BLOCK_ROWS, WIDTH, QUANT_BLOCK, SCALE_KIND, SWIZZLED, SCALE_WORDS, AMAX_ONLY,
+                  ROW_ALIGN)
     if TAIL_N > 0:
         quantize_tile(tail_y, rows_idx, row_mask, tile_offset + BLOCK_N, group_size - BLOCK_N,
                       Q, SCALE, TENSOR_SCALE, AMAX, k, stride_scale_row, stride_scale_col,
                       scale_col_tiles, BLOCK_ROWS, TAIL_N, QUANT_BLOCK, SCALE_KIND, SWIZZLED,
-                      AMAX_ONLY, ROW_ALIGN)
-    store_current_scale(SCALE, AMAX, SCALE_KIND, AMAX_ONLY)
+                      SCALE_WORDS, AMAX_ONLY, ROW_ALIGN)
+    store_tensor_scale(SCALE, TENSOR_SCALE, AMAX, SCALE_KIND, AMAX_ONLY)
     if STORE_RSTD and not AMAX_ONLY:
         if GROUPS_PER_TILE == 1:
             tl.store(RSTD + rows_idx * num_groups + first_group, rstd, mask=row_mask)
@@ -379,7 +424,8 @@ def quantize_kernel(
     Y, Q, SCALE, TENSOR_SCALE, AMAX,
     rows, k, stride_y, stride_scale_row, stride_scale_col, scale_col_tiles,
     BLOCK_ROWS: tl.constexpr, WIDTH: tl.constexpr, QUANT_BLOCK: tl.constexpr,
-    SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr, AMAX_ONLY: tl.constexpr,
+    SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr, SCALE_WORDS: tl.constexpr,
+    AMAX_ONLY: tl.constexpr,
 ):
     """Quantize a [rows, k] y (the unfused path for shapes whose groups and blocks do not
     nest): program ``pid`` owns columns [pid % tiles * WIDTH, +WIDTH) of BLOCK_ROWS rows."""
@@ -394,5 +440,5 @@ def quantize_kernel(
                 other=0.0).to(tl.float32)
     quantize_tile(y, rows_idx, row_mask, col0, k - col0, Q, SCALE, TENSOR_SCALE, AMAX, k,
                   stride_scale_row, stride_scale_col, scale_col_tiles, BLOCK_ROWS, WIDTH,
-                  QUANT_BLOCK, SCALE_KIND, SWIZZLED, AMAX_ONLY, 1)
-    store_current_scale(SCALE, AMAX, SCALE_KIND, AMAX_ONLY)
+                  QUANT_BLOCK, SCALE_KIND, SWIZZLED, SCALE_WORDS, AMAX_ONLY, 1)
+    store_tensor_scale(SCALE, TENSOR_SCALE, AMAX, SCALE_KIND, AMAX_ONLY)

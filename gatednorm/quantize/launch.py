@@ -133,32 +133,45 @@ def few_rows_tiling(tiling: Tiling, group_size: int, rows, num_groups: int) -> T
     return replace(tiling, block_rows=decode.block_rows, num_warps=decode.num_warps)
 
 
-def _kernel_flags(fmt: Float8Format, kind: int) -> dict:
+def stores_scale_words(fmt: Float8Format, *tile_columns: int) -> bool:
+    """SCALE_WORDS of the kernels: whether MXFP8 scales go four to a 32-bit store. Where every
+    tile's rowwise blocks start and end on 128 columns (``tile_columns``: the period of the
+    tiles' starts and their valid widths), a row's four scales of a 128-column span are
+    adjacent bytes of one aligned word in both layouts (row-major [tokens, K / 32] with K a
+    multiple of 128, and cuBLAS's 128x4 tiles)."""
+    return fmt.scaling == "mxfp8" and all(c % (4 * fmt.block_size) == 0 for c in tile_columns)
+
+
+def _kernel_flags(fmt: Float8Format, kind: int, words: bool) -> dict:
     return dict(QUANT_BLOCK=max(fmt.block_size, 1), SCALE_KIND=kind,
-                SWIZZLED=fmt.scale_layout == "swizzled")
+                SWIZZLED=fmt.scale_layout == "swizzled", SCALE_WORDS=words)
 
 
-def _scale_geometry(scales: torch.Tensor, fmt: Float8Format, k: int) -> tuple[int, int, int]:
-    """(row stride, column stride, swizzle column tiles) of the scale output."""
+def _scale_arguments(scales: torch.Tensor, fmt: Float8Format, k: int, words: bool):
+    """(the kernels' SCALE, its row stride, column stride, swizzle column tiles): MXFP8
+    scales as their bytes, or as int32 words (strides in words) where ``words``."""
     if fmt.scaling == "tensor":
-        return 0, 0, 0
+        return scales, 0, 0, 0
+    if fmt.scaling != "mxfp8":
+        return scales, scales.stride(0), scales.stride(1), 0
+    storage = scales.view(torch.uint8)
+    if words:
+        storage = storage.view(torch.int32)
     if fmt.scale_layout == "swizzled":
         blocks = k // fmt.block_size
-        return 0, 0, -(-blocks // SWIZZLE_COLS)
-    return scales.stride(0), scales.stride(1), 0
+        return storage, 0, 0, -(-blocks // SWIZZLE_COLS)
+    return storage, storage.stride(0), storage.stride(1), 0
 
 
 def allocate_outputs(x, tensor_scale, group_size: int, fmt: Float8Format, store_rstd: bool):
     """Empty (data, scales, rstd, amax, columnwise data, columnwise scales) of
     :func:`quantized_forward` (also its fake implementation): amax zeroed (the kernels max
-    into it), a given per-tensor scale copied."""
+    into it)."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     device = x.device
     data = torch.empty((rows, k), dtype=FP8_DTYPE, device=device)
     scales = allocate_scales(fmt, rows, k, device)
-    if fmt.scaling == "tensor" and tensor_scale is not None:
-        scales = tensor_scale.reshape(1).clone()
     rstd = torch.empty((*x.shape[:-1], k // group_size) if store_rstd else (0,),
                        dtype=torch.float32, device=device)
     amax = torch.zeros((1,) if fmt.scaling == "tensor" else (0,), dtype=torch.float32,
@@ -178,6 +191,13 @@ class FusedPlan:
     layout_args: tuple
     x: torch.Tensor
     gate: torch.Tensor
+
+
+def fused_scale_words(fmt: Float8Format, tiling: Tiling, group_size: int) -> bool:
+    """SCALE_WORDS of the fused kernels: tiles start every ``group_size * groups_per_tile``
+    columns, a head + tail tile's tail after ``block_n``."""
+    head = (tiling.block_n,) if tiling.tail_n else ()
+    return stores_scale_words(fmt, group_size * tiling.groups_per_tile, *head)
 
 
 def fused_plan(x, gate, weight, fmt: Float8Format, tiling: Tiling, *, group_size: int,
@@ -203,7 +223,8 @@ def fused_plan(x, gate, weight, fmt: Float8Format, tiling: Tiling, *, group_size
         WEIGHT_PRODUCT_ROUNDED=(weight is not None and weight.dtype == x.dtype
                                 and x.dtype != torch.float32),
         ROUND_Y=fmt.quantize_rounded, STORE_RSTD=store_rstd,
-        num_warps=tiling.num_warps, **_kernel_flags(fmt, scale_kind(fmt)))
+        num_warps=tiling.num_warps,
+        **_kernel_flags(fmt, scale_kind(fmt), fused_scale_words(fmt, tiling, group_size)))
     if not fmt.columnwise:
         grid = (triton.cdiv(layout.rows, tiling.block_rows) * num_tiles,)
         return FusedPlan(quantized_forward_kernel, grid, meta, layout_args, x, gate)
@@ -230,6 +251,11 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
     rows = data.shape[0]
     num_groups = k // group_size
     if rows == 0:
+        if fmt.scaling == "tensor":  # what the kernels' program 0 would have stored
+            if tensor_scale is None:
+                scales.fill_(1.0)
+            else:
+                scales.copy_(tensor_scale.reshape(1))
         return data, scales, rstd, amax, col_data, col_scales
     kind = scale_kind(fmt)
     tiling = fused_kernel_tiling(group_size, num_groups, fmt)
@@ -237,10 +263,14 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
         tiling = few_rows_tiling(tiling, group_size, rows, num_groups)
     run = (lambda kernel: wrap_triton(kernel)) if traceable else (lambda kernel: kernel)
     scale_arg = tensor_scale if tensor_scale is not None else amax
-    scale_out = scales.view(torch.uint8) if fmt.scaling == "mxfp8" else scales
     col_scale_out = (col_scales.view(torch.uint8) if fmt.columnwise and fmt.scaling == "mxfp8"
                      else col_scales)
-    geometry = _scale_geometry(scales, fmt, k)
+    if tiling is None:
+        # The unfused kernels' tiles are 128 columns wide, from column 0.
+        words = stores_scale_words(fmt, k)
+    else:
+        words = fused_scale_words(fmt, tiling, group_size)
+    scale_out, *geometry = _scale_arguments(scales, fmt, k, words)
     if tiling is None:
         y, op_rstd = _op_launch.forward(
             x, gate, weight, eps=eps, zero_centered_gamma=zero_centered_gamma,
@@ -259,7 +289,7 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
                 QT_ALIGN=transposed_alignment(rows, traceable),
                 num_warps=columnwise_warps(fmt.block_size, width,
                                            UNFUSED_COLUMNWISE_ELEMENTS_PER_THREAD),
-                **_kernel_flags(fmt, kind))
+                **_kernel_flags(fmt, kind, words))
         else:
             grid = (triton.cdiv(rows, QUANTIZE_TILE_ROWS)
                     * triton.cdiv(k, QUANTIZE_TILE_COLUMNS),)
@@ -269,7 +299,7 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
                     y2d, data.view(torch.uint8), scale_out, scale_arg, amax, rows, k, k,
                     *geometry, BLOCK_ROWS=QUANTIZE_TILE_ROWS, WIDTH=QUANTIZE_TILE_COLUMNS,
                     AMAX_ONLY=amax_only, num_warps=QUANTIZE_TILE_WARPS,
-                    **_kernel_flags(fmt, kind))
+                    **_kernel_flags(fmt, kind, words))
     else:
         plan = fused_plan(x, gate, weight, fmt, tiling, group_size=group_size,
                           zero_centered_gamma=zero_centered_gamma,
