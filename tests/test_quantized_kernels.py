@@ -30,10 +30,11 @@ DTYPES = (torch.float16, torch.bfloat16)
 # and D = 64 (a 128-block straddles two heads), Mamba2-like 640-wide groups (head 512 + tail
 # 128 tiles), a 96-wide group (head 64 + tail 32: MXFP8 nests, 1x128 takes the unfused path),
 # a whole row of 256, and K = 480 (a multiple of MXFP8's 32, not of 128: the last 128-wide
-# tile of the unfused columnwise kernel is partial). Token counts leave a partial block of
-# tokens for the columnwise copy.
+# tile of the unfused columnwise kernel is partial), and groups of 48 (no format's block
+# nests with them: the norm, then the quantize kernels). Token counts leave a partial block
+# of tokens for the columnwise copy.
 SHAPES = [((40, 256), 128), ((130, 256), 64), ((33, 1280), 640), ((6, 384), 96),
-          ((5, 256), None), ((20, 480), 96)]
+          ((5, 256), None), ((20, 480), 96), ((9, 384), 48)]
 
 
 def codes(t):

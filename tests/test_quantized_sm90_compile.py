@@ -58,6 +58,7 @@ def compile_all() -> None:
         quantized_forward_columnwise_kernel,
     )
     from gatednorm.quantize.kernels import quantize_kernel, quantized_forward_kernel
+    from gatednorm.quantize.launch import columnwise_launch
 
     target = GPUTarget("cuda", 90, 32)
     cases = ([(quantized_forward_kernel, dict(BASE, **c)) for c in FUSED_CASES]
@@ -70,8 +71,11 @@ def compile_all() -> None:
         signature = {name: ("constexpr" if name in constexprs else POINTERS.get(name)
                             or ("fp32" if name == "eps" else "i64"))
                      for name in kernel.arg_names}
+        # The columnwise kernels' launch (warps and register cap) as the launcher plans it.
+        options = (columnwise_launch(constexprs["QUANT_BLOCK"], 128)
+                   if "QT_ALIGN" in constexprs else dict(num_warps=4))
         compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs),
-                                  target=target, options=dict(num_warps=4))
+                                  target=target, options=options)
         assert compiled.asm["cubin"], kernel.__name__
 
 

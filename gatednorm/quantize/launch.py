@@ -40,12 +40,16 @@ QUANTIZE_TILE_ROWS = 16
 QUANTIZE_TILE_COLUMNS = 128
 QUANTIZE_TILE_WARPS = 4
 # The fused columnwise kernel's tile is at most this wide. The columnwise kernels hold at most
-# this many values of y a thread (the fused kernel also holds x and the gate, so it spreads a
-# tile over more warps), over at most COLUMNWISE_MAX_WARPS warps.
+# COLUMNWISE_ELEMENTS_PER_THREAD values of y a thread, over at most COLUMNWISE_MAX_WARPS warps,
+# and cap their registers so that COLUMNWISE_PROGRAMS_PER_SM programs fit an SM: left to
+# itself, the compiler gives a [128, 128] tile on 8 warps more than 128 registers a thread,
+# room for one program an SM, whose loads and stores then have no other program's to overlap.
 COLUMNWISE_MAX_WIDTH = 128
-FUSED_COLUMNWISE_ELEMENTS_PER_THREAD = 32
-UNFUSED_COLUMNWISE_ELEMENTS_PER_THREAD = 64
+COLUMNWISE_ELEMENTS_PER_THREAD = 64
 COLUMNWISE_MAX_WARPS = 16
+COLUMNWISE_PROGRAMS_PER_SM = 2
+REGISTERS_PER_SM = 65536  # 32-bit registers of an SM, sm_80 to sm_90
+MAX_REGISTERS_PER_THREAD = 255
 
 
 def scale_kind(fmt: Float8Format) -> int:
@@ -94,7 +98,7 @@ def fused_tiling(group_size: int, num_groups: int, quant_block: int) -> Tiling |
 def fused_kernel_tiling(group_size: int, num_groups: int, fmt: Float8Format) -> Tiling | None:
     """The tiling of the kernel that writes every output ``fmt`` asks for, or None when the
     unfused path writes them. The columnwise kernel holds a whole token block of the tile in
-    registers (columnwise_warps), which fits tiles up to 128 wide; wider groups (Mamba2's
+    registers (columnwise_launch), which fits tiles up to 128 wide; wider groups (Mamba2's
     640, Nemotron-H's 1024) take the unfused path for their columnwise copies, and so do
     head + tail tiles (D = 96), whose lanes the compiler lays out otherwise at that height."""
     tiling = fused_tiling(group_size, num_groups, fmt.block_size)
@@ -104,14 +108,21 @@ def fused_kernel_tiling(group_size: int, num_groups: int, fmt: Float8Format) -> 
     return tiling
 
 
-def columnwise_warps(quant_block: int, width: int, elements_per_thread: int,
-                     least: int = 4) -> int:
-    """Warps of a columnwise kernel's [quant_block, width] tile: ``least`` (the fused
-    kernel passes the op's tile's warps), or more, up to COLUMNWISE_MAX_WARPS, to hold at
-    most ``elements_per_thread`` values of y a thread. Warps stack along the rows, so a
-    row's lanes, and its sum's order, stay the op's."""
-    wanted = quant_block * width // (32 * elements_per_thread)
-    return max(least, min(COLUMNWISE_MAX_WARPS, wanted))
+def columnwise_launch(quant_block: int, width: int, least: int = 4) -> dict:
+    """``num_warps`` (and ``maxnreg``) of a columnwise kernel's [quant_block, width] tile.
+
+    Warps: ``least`` (the fused kernel passes the op's tile's warps), or more, up to
+    COLUMNWISE_MAX_WARPS, to hold at most COLUMNWISE_ELEMENTS_PER_THREAD values of y a
+    thread. Warps stack along the rows, so a row's lanes, and its sum's order, stay the op's.
+    Registers: capped where the tile's threads could otherwise take more than an SM's share
+    of COLUMNWISE_PROGRAMS_PER_SM programs (a CUDA compile option; registers do not change
+    the arithmetic)."""
+    wanted = quant_block * width // (32 * COLUMNWISE_ELEMENTS_PER_THREAD)
+    warps = max(least, min(COLUMNWISE_MAX_WARPS, wanted))
+    cap = REGISTERS_PER_SM // (COLUMNWISE_PROGRAMS_PER_SM * 32 * warps) // 8 * 8
+    if cap < MAX_REGISTERS_PER_THREAD and not torch.version.hip:
+        return dict(num_warps=warps, maxnreg=cap)
+    return dict(num_warps=warps)
 
 
 def transposed_alignment(rows, traceable: bool) -> int:
@@ -231,9 +242,7 @@ def fused_plan(x, gate, weight, fmt: Float8Format, tiling: Tiling, *, group_size
     # The columnwise kernel's rows are a token block.
     del meta["BLOCK_ROWS"]
     width = tiling.block_n * tiling.groups_per_tile + tiling.tail_n
-    meta.update(num_warps=columnwise_warps(fmt.block_size, width,
-                                          FUSED_COLUMNWISE_ELEMENTS_PER_THREAD,
-                                          tiling.num_warps),
+    meta.update(**columnwise_launch(fmt.block_size, width, tiling.num_warps),
                 QT_ALIGN=transposed_alignment(layout.rows, traceable))
     grid = (triton.cdiv(layout.rows, fmt.block_size) * num_tiles,)
     return FusedPlan(quantized_forward_columnwise_kernel, grid, meta, layout_args, x, gate)
@@ -266,8 +275,10 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
     col_scale_out = (col_scales.view(torch.uint8) if fmt.columnwise and fmt.scaling == "mxfp8"
                      else col_scales)
     if tiling is None:
-        # The unfused kernels' tiles are 128 columns wide, from column 0.
-        words = stores_scale_words(fmt, k)
+        # The unfused kernels' tiles are 128 columns wide, from column 0. The kernel of both
+        # copies stores its scales a byte at a time: there the word's packing shuffles cost
+        # more than the stores they save.
+        words = not fmt.columnwise and stores_scale_words(fmt, k)
     else:
         words = fused_scale_words(fmt, tiling, group_size)
     scale_out, *geometry = _scale_arguments(scales, fmt, k, words)
@@ -287,8 +298,7 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
                 y2d, data.view(torch.uint8), scale_out, col_data.view(torch.uint8),
                 col_scale_out, rows, k, *geometry, col_scales.shape[1], WIDTH=width,
                 QT_ALIGN=transposed_alignment(rows, traceable),
-                num_warps=columnwise_warps(fmt.block_size, width,
-                                           UNFUSED_COLUMNWISE_ELEMENTS_PER_THREAD),
+                **columnwise_launch(fmt.block_size, width),
                 **_kernel_flags(fmt, kind, words))
         else:
             grid = (triton.cdiv(rows, QUANTIZE_TILE_ROWS)

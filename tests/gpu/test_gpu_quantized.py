@@ -241,27 +241,32 @@ def test_cuda_graph_replay_matches_eager(name):
     assert not torch.equal(codes(captured.data), codes(eager.data))
 
 
-def test_compile_fullgraph_matches_eager_without_recompiling():
+# 1x128_columnwise: the fused columnwise kernel, launched with a register cap.
+@pytest.mark.parametrize("name", ["1x128_ue8m0", "1x128_columnwise"])
+def test_compile_fullgraph_matches_eager_without_recompiling(name):
     torch._dynamo.reset()
     counts = []
 
     def step(x, gate, weight):
-        result = gatednorm.rms_norm_gated(x, gate, weight, quantize="1x128_ue8m0",
-                                          group_size=128)
-        return result.data, result.scale, result.dequantize().float().square().sum()
+        result = gatednorm.rms_norm_gated(x, gate, weight, quantize=name, group_size=128)
+        columnwise = result.columnwise_data if result.format.columnwise else result.data
+        return (result.data, result.scale, columnwise,
+                result.dequantize().float().square().sum())
 
     compiled = torch.compile(step, fullgraph=True, dynamic=True)
     for tokens in (64, 100, 333):
         leaves = [t.requires_grad_() for t in model_inputs(tokens, 4096)]
-        data, scale, loss = compiled(*leaves)
+        data, scale, columnwise, loss = compiled(*leaves)
         loss.backward()
         compiled_grads = [t.grad.clone() for t in leaves]
         for t in leaves:
             t.grad = None
-        expected = gatednorm.rms_norm_gated(*leaves, quantize="1x128_ue8m0", group_size=128)
+        expected = gatednorm.rms_norm_gated(*leaves, quantize=name, group_size=128)
         expected.dequantize().float().square().sum().backward()
         assert torch.equal(codes(data), codes(expected.data))
         assert torch.equal(scale, expected.scale)
+        if expected.format.columnwise:
+            assert torch.equal(codes(columnwise), codes(expected.columnwise_data))
         for got, t in zip(compiled_grads, leaves):
             assert torch.equal(got, t.grad)
         counts.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
