@@ -102,6 +102,9 @@ def _integer_value(name: str, width: int, group_size: int) -> int:
                 token_blocks=ROWS // 128)[name]
 
 
+LAUNCH_OPTIONS = ("num_warps", "maxnreg")
+
+
 def _compile(kernel, constexprs: dict, integers: dict, inductor: bool,
              data: str = "*bf16"):
     """The compiled ``kernel``'s TTIR, TTGIR and PTX (``.asm``), its arguments typed and
@@ -113,9 +116,11 @@ def _compile(kernel, constexprs: dict, integers: dict, inductor: bool,
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    options = {"num_warps": constexprs.get("num_warps", 4)}
+    # Launch options ride in ``constexprs`` as the launcher passes them (num_warps, and the
+    # columnwise kernels' register cap).
+    options = {"num_warps": 4} | {k: v for k, v in constexprs.items() if k in LAUNCH_OPTIONS}
     signature, attrs = {}, {}
-    constants = {k: v for k, v in constexprs.items() if k != "num_warps"}
+    constants = {k: v for k, v in constexprs.items() if k not in LAUNCH_OPTIONS}
     unspecialized = {kernel.arg_names[i] if isinstance(i, int) else i
                      for i in kernel.do_not_specialize}
     for index, name in enumerate(kernel.arg_names):
