@@ -7,6 +7,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import gatednorm
 from gatednorm import ops
+from gatednorm.quantize import per_tensor
 
 OPTIONS = [
     dict(group_size=128, norm_before_gate=True, rounding="te", activation="silu"),
@@ -108,6 +109,28 @@ def test_compile_fullgraph_traces_forward_and_backward_without_recompiling(dtype
             assert torch.equal(got, want)
         frames_after_first_call = frames_after_first_call or counter.frame_count
     assert counter.frame_count == frames_after_first_call
+
+
+@pytest.mark.skipif(not ops.INTERPRET, reason="CPU kernel tests need TRITON_INTERPRET=1")
+def test_compile_fullgraph_maxes_amax_into_the_callers_buffer():
+    amax_out = torch.zeros(1)
+    fmt = per_tensor(torch.tensor([0.01]), amax_out=amax_out)
+
+    def step(x, gate, weight):
+        result = gatednorm.rms_norm_gated(x, gate, weight, quantize=fmt, group_size=128)
+        return result.data, result.amax
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True, backend="aot_eager")
+    running = torch.zeros(1)
+    for rows, weight_scale in ((3, 4.0), (5, 1.0)):
+        x, gate, weight = leaves((rows, 256), torch.float16)
+        weight = weight.detach() * weight_scale
+        data, amax = compiled(x, gate, weight)
+        expected = gatednorm.rms_norm_gated(x, gate, weight, quantize=per_tensor(fmt.scale),
+                                            group_size=128)
+        running = torch.maximum(running, expected.amax)
+        assert torch.equal(data.view(torch.uint8), expected.data.view(torch.uint8))
+        assert torch.equal(amax_out, running) and torch.equal(amax, running)
 
 
 @pytest.mark.skipif(not ops.INTERPRET, reason="CPU kernel tests need TRITON_INTERPRET=1")

@@ -227,21 +227,50 @@ def test_strided_inputs_and_the_gdn_head_view():
     assert_matches_reference_of_op_output(result, y)
 
 
-def test_delayed_scaling_uses_the_given_scale_and_reports_amax(monkeypatch):
+def test_delayed_scaling_uses_the_given_scale_and_maxes_amax_into_the_buffer(monkeypatch):
     x, gate, weight = inputs((8, 256), torch.float16)
     scale = torch.tensor([0.004])
-    amax_out = torch.full((1,), float("nan"))
+    amax_out = torch.zeros(1)
     poisoned(monkeypatch)
     result = gatednorm.rms_norm_gated(x, gate, weight, quantize=per_tensor(scale,
                                                                            amax_out=amax_out))
     monkeypatch.undo()
     y = gatednorm.rms_norm_gated(x, gate, weight)
-    assert_matches_reference_of_op_output(result, y)
+    assert_matches_reference_of_op_output(result, y)  # amax included: the buffer started at 0
+    assert result.amax is amax_out
     assert torch.equal(amax_out, y.float().abs().amax().reshape(1))
     assert torch.equal(result.scale, scale)
     assert codes(result.data).eq(0x7E).any()  # saturated at 448
     scale.fill_(1.0)  # the next step's scale: the output keeps the one it was quantized with
     assert torch.equal(result.scale, torch.tensor([0.004]))
+
+
+@pytest.mark.parametrize("given_scale", [True, False], ids=["delayed", "current"])
+@pytest.mark.parametrize("group_size, dtype", [(128, torch.bfloat16), (48, torch.bfloat16),
+                                               (128, torch.float64)],
+                         ids=["fused", "unfused", "reference-path"])
+def test_amax_out_keeps_the_running_maximum_of_the_calls(given_scale, group_size, dtype):
+    # Over calls the buffer holds the largest amax (TransformerEngine's delayed-scaling amax,
+    # which the recipe resets); each call's data and scale are those of a call without it.
+    x, gate, weight = inputs((8, 384), dtype)
+    small_weight, large_weight = weight, weight * 4
+    scale = torch.tensor([0.02]) if given_scale else None
+    amax_out = torch.zeros(1)
+    with_buffer = per_tensor(scale, amax_out=amax_out)
+    amaxes = []
+    for w in (large_weight, small_weight):
+        result = gatednorm.rms_norm_gated(x, gate, w, quantize=with_buffer, group_size=group_size)
+        plain = gatednorm.rms_norm_gated(x, gate, w, quantize=per_tensor(scale),
+                                         group_size=group_size)
+        assert torch.equal(codes(result.data), codes(plain.data))
+        assert torch.equal(result.scale, plain.scale)
+        amaxes.append(plain.amax)
+        assert result.amax is amax_out
+        assert torch.equal(amax_out, torch.maximum(*amaxes) if len(amaxes) == 2 else amaxes[0])
+    assert amaxes[0] > amaxes[1]
+    amax_out.zero_()  # the recipe's reset: the next call's amax alone
+    gatednorm.rms_norm_gated(x, gate, small_weight, quantize=with_buffer, group_size=group_size)
+    assert torch.equal(amax_out, amaxes[1])
 
 
 def test_module_with_quantize_returns_the_quantized_output():

@@ -88,7 +88,10 @@ SMOKE_SHAPES = (Shape("gdn-smoke", 8, 256, 128), Shape("mamba2-smoke", 4, 1280, 
 
 def fmt_of(name: str, device: torch.device):
     if name == "delayed":
-        return per_tensor(torch.tensor([0.01], device=device))
+        # As a delayed-scaling recipe runs it: the given scale, and the recipe's amax buffer,
+        # which the kernel maxes into (the first call's amax is checked: the buffer starts at 0).
+        return per_tensor(torch.tensor([0.01], device=device),
+                          amax_out=torch.zeros(1, device=device))
     return as_format(name)
 
 

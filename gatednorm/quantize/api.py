@@ -57,8 +57,6 @@ def quantized_output(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor |
                 f"cover group_size={group} with {fmt.block_size}-element blocks"
                 f"{' and columnwise copies' if fmt.columnwise else ''}")
         result = _fused_path(x, gate, weight, options, fmt, needs_grad)
-    if fmt.amax_out is not None:
-        fmt.amax_out.copy_(result.amax)
     return result
 
 
@@ -79,16 +77,24 @@ def _fused_path(x, gate, weight, options: GatedNormOptions, fmt: Float8Format,
     if torch.compiler.is_compiling():
         data, scale, rstd, amax, col_data, col_scale = rms_norm_gated_fp8(
             x.detach(), gate.detach(), None if weight is None else weight.detach(), fmt.scale,
-            *options.op_arguments(), *format_args(fmt), needs_grad)
+            fmt.amax_out, *options.op_arguments(), *format_args(fmt), needs_grad)
     else:
         data, scale, rstd, amax, col_data, col_scale = quantized_forward(
             x.detach(), gate.detach(), None if weight is None else weight.detach(), fmt.scale,
             eps=options.eps, **_kernel_options(options), fmt=fmt, store_rstd=needs_grad,
-            traceable=False)
+            traceable=False, amax_out=fmt.amax_out)
     anchor = GradientAnchor.apply(x, gate, weight, rstd, options) if needs_grad else None
     columnwise = (col_data, col_scale) if fmt.columnwise else (None, None)
-    return QuantizedOutput(data, scale, *columnwise, amax if fmt.scaling == "tensor" else None,
-                           fmt, anchor, x.shape, x.dtype)
+    return QuantizedOutput(data, scale, *columnwise, _reported_amax(fmt, amax), fmt, anchor,
+                           x.shape, x.dtype)
+
+
+def _reported_amax(fmt: Float8Format, amax):
+    """QuantizedOutput.amax: the caller's buffer where it gave one (the kernels maxed into
+    it), the call's own amax otherwise; None for block formats."""
+    if fmt.scaling != "tensor":
+        return None
+    return amax if fmt.amax_out is None else fmt.amax_out
 
 
 def _reference_path(x, gate, weight, options: GatedNormOptions, fmt: Float8Format,
@@ -105,6 +111,8 @@ def _reference_path(x, gate, weight, options: GatedNormOptions, fmt: Float8Forma
             None if weight is None else weight.detach().float(), eps=options.eps,
             **_kernel_options(options))
     data, scale, amax = reference_quantize(quantized, fmt)
+    if fmt.amax_out is not None:
+        torch.maximum(fmt.amax_out, amax, out=fmt.amax_out)
     columnwise = columnwise_quantize(quantized, fmt) if fmt.columnwise else (None, None)
-    return QuantizedOutput(data, scale, *columnwise, amax, fmt, y if needs_grad else None,
-                           x.shape, x.dtype)
+    return QuantizedOutput(data, scale, *columnwise, _reported_amax(fmt, amax), fmt,
+                           y if needs_grad else None, x.shape, x.dtype)

@@ -39,7 +39,10 @@ class Float8Format:
             blockwise ``scaled_mm``), ``"swizzled"`` (MXFP8 only: cuBLAS's 128x4 tiles).
         scale: ``"tensor"`` only: a given fp32 dequantization scale (one element; delayed
             scaling, one pass), or None for current scaling (two passes).
-        amax_out: ``"tensor"`` only: an fp32 one-element buffer the call's amax is copied to.
+        amax_out: ``"tensor"`` only: an fp32 one-element buffer the call's amax is maxed
+            into, in place (TransformerEngine's delayed-scaling amax: the running maximum
+            over calls until the caller resets it; zero it first for this call's alone).
+            Delayed scaling's kernel updates it itself, with no launch of its own.
         quantize_rounded: True (default): quantize exactly the y the unquantized op returns
             in x's dtype; False: quantize the fp32 value before that rounding.
         columnwise: ``"block"`` and ``"mxfp8"``: also write a columnwise copy for the
@@ -112,8 +115,11 @@ def mxfp8(*, swizzled: bool = False, columnwise: bool = False,
 def per_tensor(scale: torch.Tensor | None = None, *, amax_out: torch.Tensor | None = None,
                quantize_rounded: bool = True) -> Float8Format:
     """One fp32 scale for the whole output: a given dequantization ``scale`` (delayed
-    scaling: one pass, the call's amax returned and copied to ``amax_out``), or None for
-    current scaling (``amax / 448`` of this call: an amax pass, then the quantizing pass)."""
+    scaling: one pass), or None for current scaling (``amax / 448`` of this call: an amax
+    pass, then the quantizing pass). The call's amax (the largest ``|y|``, NaN ignored) is
+    returned as ``amax``; with ``amax_out`` (fp32, one element) it is maxed into that buffer
+    in place instead, and ``amax`` is the buffer: the running maximum that a delayed-scaling
+    recipe resets when it rolls its amax history."""
     return Float8Format("tensor", 0, scale=scale, amax_out=amax_out,
                         quantize_rounded=quantize_rounded)
 

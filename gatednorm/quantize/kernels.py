@@ -219,6 +219,15 @@ def apply_scale(y, divisor, multiplier, prescale, SCALE_KIND: tl.constexpr):
 
 
 @triton.jit
+def raise_amax(AMAX, tile_max):
+    """AMAX = max(AMAX, tile_max). AMAX only grows, so a tile at or below a value already read
+    cannot raise it: most programs then skip the atomic, which all of them would otherwise
+    queue on one word."""
+    if tile_max > tl.load(AMAX):
+        tl.atomic_max(AMAX, tile_max)
+
+
+@triton.jit
 def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCALE, AMAX, k,
                   stride_scale_row, stride_scale_col, scale_col_tiles,
                   BLOCK_ROWS: tl.constexpr, WIDTH: tl.constexpr, QUANT_BLOCK: tl.constexpr,
@@ -241,11 +250,9 @@ def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCAL
     magnitude = block_magnitude(y, mask)
     if AMAX_ONLY or SCALE_KIND == 3:
         tile_max = tl.max(tl.max(magnitude, axis=1), axis=0)
-        # AMAX only grows, so a tile at or below a value already read cannot raise it: most
-        # programs then skip the atomic, which all of them would otherwise queue on one word.
-        if tile_max > tl.load(AMAX):
-            tl.atomic_max(AMAX, tile_max)
-    if not AMAX_ONLY:
+    if AMAX_ONLY:
+        raise_amax(AMAX, tile_max)
+    else:
         if SCALE_KIND >= 3:
             if SCALE_KIND == 3:
                 scale = tl.load(TENSOR_SCALE)
@@ -288,6 +295,9 @@ def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCAL
             tl.store(SCALE + scale_offsets, scale_values, mask=stored_mask)
         q_rows = tl.multiple_of(rows_idx * k + col0, Q_ALIGN)  # [BLOCK_ROWS]
         tl.store(Q + q_rows[:, None] + cols[None, :], codes, mask=mask)
+        if SCALE_KIND == 3:
+            # After the stores, which then need not wait for the amax word's round trip.
+            raise_amax(AMAX, tile_max)
 
 
 @triton.jit

@@ -174,10 +174,11 @@ def _scale_arguments(scales: torch.Tensor, fmt: Float8Format, k: int, words: boo
     return storage, storage.stride(0), storage.stride(1), 0
 
 
-def allocate_outputs(x, tensor_scale, group_size: int, fmt: Float8Format, store_rstd: bool):
+def allocate_outputs(x, tensor_scale, group_size: int, fmt: Float8Format, store_rstd: bool,
+                     amax_in_place: bool = False):
     """Empty (data, scales, rstd, amax, columnwise data, columnwise scales) of
     :func:`quantized_forward` (also its fake implementation): amax zeroed (the kernels max
-    into it)."""
+    into it), or empty where the call maxes into the caller's buffer (``amax_in_place``)."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     device = x.device
@@ -185,8 +186,8 @@ def allocate_outputs(x, tensor_scale, group_size: int, fmt: Float8Format, store_
     scales = allocate_scales(fmt, rows, k, device)
     rstd = torch.empty((*x.shape[:-1], k // group_size) if store_rstd else (0,),
                        dtype=torch.float32, device=device)
-    amax = torch.zeros((1,) if fmt.scaling == "tensor" else (0,), dtype=torch.float32,
-                       device=device)
+    amax = torch.zeros((1,) if fmt.scaling == "tensor" and not amax_in_place else (0,),
+                       dtype=torch.float32, device=device)
     return (data, scales, rstd, amax, *allocate_columnwise(fmt, rows, k, device))
 
 
@@ -250,12 +251,23 @@ def fused_plan(x, gate, weight, fmt: Float8Format, tiling: Tiling, *, group_size
 
 def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma, activation,
                       norm_before_gate, group_size, rounding, fmt: Float8Format,
-                      store_rstd: bool, traceable: bool):
+                      store_rstd: bool, traceable: bool, amax_out=None):
     """(data [rows, K] E4M3, scales, rstd [..., K / group_size] fp32 or empty, amax [1] fp32
     or empty, columnwise data [K, rows] or empty, columnwise scales or empty) of the gated
-    norm of x, quantized in ``fmt``."""
+    norm of x, quantized in ``fmt``. Per-tensor formats with ``amax_out`` (fp32 [1]) max the
+    call's amax into it in place and return an empty amax: delayed scaling's kernel maxes
+    into it directly (no launch of its own), current scaling's after its two passes (its
+    scale needs the call's own amax)."""
+    if amax_out is not None and tensor_scale is None:
+        data, scales, rstd, amax, col_data, col_scales = quantized_forward(
+            x, gate, weight, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
+            activation=activation, norm_before_gate=norm_before_gate, group_size=group_size,
+            rounding=rounding, fmt=fmt, store_rstd=store_rstd, traceable=traceable)
+        torch.maximum(amax_out, amax, out=amax_out)
+        return data, scales, rstd, amax.new_empty((0,)), col_data, col_scales
     data, scales, rstd, amax, col_data, col_scales = allocate_outputs(
-        x, tensor_scale, group_size, fmt, store_rstd)
+        x, tensor_scale, group_size, fmt, store_rstd, amax_in_place=amax_out is not None)
+    amax_target = amax if amax_out is None else amax_out  # what the kernels max into
     k = x.shape[-1]
     rows = data.shape[0]
     num_groups = k // group_size
@@ -306,7 +318,7 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
             passes = (True, False) if kind == TENSOR_CURRENT else (False,)
             for amax_only in passes:
                 run(quantize_kernel)[grid](
-                    y2d, data.view(torch.uint8), scale_out, scale_arg, amax, rows, k, k,
+                    y2d, data.view(torch.uint8), scale_out, scale_arg, amax_target, rows, k, k,
                     *geometry, BLOCK_ROWS=QUANTIZE_TILE_ROWS, WIDTH=QUANTIZE_TILE_COLUMNS,
                     AMAX_ONLY=amax_only, num_warps=QUANTIZE_TILE_WARPS,
                     **_kernel_flags(fmt, kind, words))
@@ -327,6 +339,6 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
             for amax_only in passes:
                 run(plan.kernel)[plan.grid](
                     x, gate, weight_arg, data.view(torch.uint8), scale_out, rstd, scale_arg,
-                    amax, *plan.layout_args, k, *geometry, group_size, num_groups, eps,
+                    amax_target, *plan.layout_args, k, *geometry, group_size, num_groups, eps,
                     AMAX_ONLY=amax_only, **plan.meta)
     return data, scales, rstd, amax, col_data, col_scales

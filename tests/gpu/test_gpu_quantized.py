@@ -241,6 +241,37 @@ def test_cuda_graph_replay_matches_eager(name):
     assert not torch.equal(codes(captured.data), codes(eager.data))
 
 
+def test_delayed_scaling_amax_buffer_under_compile_and_cuda_graphs():
+    # The kernel maxes the call's amax into the caller's buffer (a mutated op argument under
+    # torch.compile; a captured kernel argument in a CUDA graph).
+    x, gate, weight = model_inputs(64, 4096)
+    amax_out = torch.zeros(1, device="cuda")
+    fmt = per_tensor(torch.tensor([0.01], device="cuda"), amax_out=amax_out)
+    plain = per_tensor(fmt.scale)
+
+    def step(x, gate, weight):
+        return gatednorm.rms_norm_gated(x, gate, weight, quantize=fmt, group_size=128).data
+
+    torch._dynamo.reset()
+    data = torch.compile(step, fullgraph=True)(x, gate, weight)
+    expected = gatednorm.rms_norm_gated(x, gate, weight, quantize=plain, group_size=128)
+    assert torch.equal(codes(data), codes(expected.data))
+    assert torch.equal(amax_out, expected.amax)
+
+    amax_out.zero_()
+    step(x, gate, weight)  # compiles the eager launch's kernels before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(x, gate, weight)
+    amax_out.zero_()
+    weight.mul_(3)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = gatednorm.rms_norm_gated(x, gate, weight, quantize=plain, group_size=128)
+    assert torch.equal(codes(captured), codes(expected.data))
+    assert torch.equal(amax_out, expected.amax)
+
+
 # 1x128_columnwise: the fused columnwise kernel, launched with a register cap. Its token
 # counts span several 128-token blocks: a graph compiled for one block (the columnwise
 # scales' [K, 1]) specializes that 1 and recompiles once for more (docs/quantized.md).
