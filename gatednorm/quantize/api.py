@@ -75,9 +75,13 @@ def _fused_path(x, gate, weight, options: GatedNormOptions, fmt: Float8Format,
     if weight is not None and weight.stride(-1) != 1:
         weight = weight.contiguous()
     if torch.compiler.is_compiling():
+        # The registered op is functional: it returns the call's amax, maxed into the
+        # caller's buffer here (a traced in-place op; the eager launch does it in the kernel).
         data, scale, rstd, amax, col_data, col_scale = rms_norm_gated_fp8(
             x.detach(), gate.detach(), None if weight is None else weight.detach(), fmt.scale,
-            fmt.amax_out, *options.op_arguments(), *format_args(fmt), needs_grad)
+            *options.op_arguments(), *format_args(fmt), needs_grad)
+        if fmt.amax_out is not None:
+            torch.maximum(fmt.amax_out, amax, out=fmt.amax_out)
     else:
         data, scale, rstd, amax, col_data, col_scale = quantized_forward(
             x.detach(), gate.detach(), None if weight is None else weight.detach(), fmt.scale,

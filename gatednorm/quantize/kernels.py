@@ -219,12 +219,14 @@ def apply_scale(y, divisor, multiplier, prescale, SCALE_KIND: tl.constexpr):
 
 
 @triton.jit
-def raise_amax(AMAX, tile_max):
-    """AMAX = max(AMAX, tile_max). AMAX only grows, so a tile at or below a value already read
-    cannot raise it: most programs then skip the atomic, which all of them would otherwise
-    queue on one word."""
-    if tile_max > tl.load(AMAX):
-        tl.atomic_max(AMAX, tile_max)
+def raise_amax(AMAX, row_max):
+    """AMAX = max(AMAX, every value of ``row_max``), the maxima of a tile's rows. Each row's
+    maximum is raised from the lanes that hold the row (one warp): reducing the tile's rows
+    first would cost a shared-memory round trip and a barrier a program. AMAX only grows, so
+    a row at or below the value read cannot raise it: most rows skip the atomic, which every
+    program would otherwise queue on one word."""
+    address = AMAX + tl.zeros_like(row_max).to(tl.int32)
+    tl.atomic_max(address, row_max, mask=row_max > tl.load(address))
 
 
 @triton.jit
@@ -249,9 +251,9 @@ def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCAL
     mask = row_mask[:, None] & (cols < valid_cols)[None, :]  # [BLOCK_ROWS, WIDTH]
     magnitude = block_magnitude(y, mask)
     if AMAX_ONLY or SCALE_KIND == 3:
-        tile_max = tl.max(tl.max(magnitude, axis=1), axis=0)
+        row_max = tl.max(magnitude, axis=1)  # [BLOCK_ROWS]
     if AMAX_ONLY:
-        raise_amax(AMAX, tile_max)
+        raise_amax(AMAX, row_max)
     else:
         if SCALE_KIND >= 3:
             if SCALE_KIND == 3:
@@ -297,7 +299,7 @@ def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCAL
         tl.store(Q + q_rows[:, None] + cols[None, :], codes, mask=mask)
         if SCALE_KIND == 3:
             # After the stores, which then need not wait for the amax word's round trip.
-            raise_amax(AMAX, tile_max)
+            raise_amax(AMAX, row_max)
 
 
 @triton.jit

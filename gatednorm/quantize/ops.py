@@ -25,8 +25,7 @@ def _format(scaling, power_of_two_scales, scale_layout, tensor_scale, quantize_r
 
 
 def _forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None,
-             tensor_scale: torch.Tensor | None, amax_out: torch.Tensor | None, eps: float,
-             zero_centered_gamma: bool,
+             tensor_scale: torch.Tensor | None, eps: float, zero_centered_gamma: bool,
              activation: str, norm_before_gate: bool, group_size: int, rounding: str,
              scaling: str, power_of_two_scales: bool, scale_layout: str,
              quantize_rounded: bool, columnwise: bool, store_rstd: bool
@@ -37,27 +36,22 @@ def _forward(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None,
     return quantized_forward(
         x, gate, weight, tensor_scale, eps=eps, zero_centered_gamma=zero_centered_gamma,
         activation=activation, norm_before_gate=norm_before_gate, group_size=group_size,
-        rounding=rounding, fmt=fmt, store_rstd=store_rstd, traceable=not INTERPRET,
-        amax_out=amax_out)
+        rounding=rounding, fmt=fmt, store_rstd=store_rstd, traceable=not INTERPRET)
 
 
-def _forward_fake(x, gate, weight, tensor_scale, amax_out, eps, zero_centered_gamma,
-                  activation, norm_before_gate, group_size, rounding, scaling,
-                  power_of_two_scales, scale_layout, quantize_rounded, columnwise, store_rstd):
+def _forward_fake(x, gate, weight, tensor_scale, eps, zero_centered_gamma, activation,
+                  norm_before_gate, group_size, rounding, scaling, power_of_two_scales,
+                  scale_layout, quantize_rounded, columnwise, store_rstd):
     fmt = _format(scaling, power_of_two_scales, scale_layout, tensor_scale, quantize_rounded,
                   columnwise)
-    return allocate_outputs(x, tensor_scale, group_size, fmt, store_rstd,
-                            amax_in_place=amax_out is not None)
+    return allocate_outputs(x, tensor_scale, group_size, fmt, store_rstd)
 
 
-# amax_out: the caller's amax buffer, maxed into in place (Float8Format.amax_out).
 if INTERPRET:
-    rms_norm_gated_fp8 = custom_op("gatednorm::rms_norm_gated_fp8", _forward,
-                                   mutates_args=("amax_out",))
+    rms_norm_gated_fp8 = custom_op("gatednorm::rms_norm_gated_fp8", _forward, mutates_args=())
     rms_norm_gated_fp8.register_fake(_forward_fake)
 else:
-    rms_norm_gated_fp8 = triton_op("gatednorm::rms_norm_gated_fp8", _forward,
-                                   mutates_args=("amax_out",))
+    rms_norm_gated_fp8 = triton_op("gatednorm::rms_norm_gated_fp8", _forward, mutates_args=())
 
 
 def format_args(fmt: Float8Format) -> tuple:
