@@ -24,8 +24,8 @@ from pathlib import Path
 from gatednorm.bench.report import index_records
 
 DEFAULT_RESULTS = Path("benchmarks") / "results" / "h200.json"
-# The FP8-output table's file: its "quantized" section. An H100's until the H200 has one.
-FP8_RESULTS = Path("benchmarks") / "results" / "h100-80gb-hbm3.json"
+# The FP8-output table's file: its "quantized" section.
+FP8_RESULTS = Path("benchmarks") / "results" / "h200.json"
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
 # (label, cases): one case gives exact figures, several give ranges.
 ROWS = (
