@@ -216,6 +216,21 @@ def test_quantize_rounded_false_on_the_unfused_path_raises():
                                  group_size=96)
 
 
+@pytest.mark.parametrize("name", ["1x128", "1x128_ue8m0", "per_tensor", "1x128_columnwise"])
+def test_blocks_whose_amax_over_448_underflows_match_the_reference(name, monkeypatch):
+    # fp32 y of a few 2**-149 (a weight of 2**-149): amax / 448 rounds to 0, and the scale
+    # is the smallest positive fp32 (rounded up: 2**-126) instead.
+    x, gate, _ = inputs((4, 256), torch.float32)
+    weight = torch.full((256,), 2.0**-149)
+    options = dict(group_size=128, rounding="fp32")
+    poisoned(monkeypatch)
+    result = gatednorm.rms_norm_gated(x, gate, weight, quantize=name, **options)
+    monkeypatch.undo()
+    y = gatednorm.rms_norm_gated(x, gate, weight, **options)
+    assert 0 < y.abs().max() < 448 * 2.0**-150
+    assert_matches_reference_of_op_output(result, y)
+
+
 def test_strided_inputs_and_the_gdn_head_view():
     # x a permuted [B, S, H * D] view, the gate a slice of a wider projection output.
     x = torch.randn(3, 2, 256, dtype=torch.float16).transpose(0, 1)

@@ -69,6 +69,22 @@ def test_subnormal_results_round_to_nearest_even_multiples_of_2_to_minus_9():
     assert data[0, :5].float().tolist() == [448.0, 2.0 ** -9, 2 * 2.0 ** -9, 2 * 2.0 ** -9, 0.0]
 
 
+@pytest.mark.parametrize("power_of_two", [False, True])
+def test_a_block_whose_amax_over_448_underflows_takes_the_smallest_scale(power_of_two):
+    # amax = 7 * 2**-149 (fp32 y only): amax / 448 rounds to 0; the scale is the smallest
+    # positive fp32 (a power of two: 2**-126 when rounded up), not 0, whose quotients would
+    # all saturate.
+    tiny = 2.0**-149
+    data, scale = quantize_1x128(one_block([7 * tiny, -2 * tiny, tiny]),
+                                 power_of_two_scales=power_of_two)
+    expected_scale = 2.0**-126 if power_of_two else tiny
+    assert scale.tolist() == [[expected_scale]]
+    expected = torch.tensor([7.0, -2.0, 1.0]) * (tiny / expected_scale)
+    assert torch.equal(data[0, :3].float(), expected.to(FP8).float())
+    _, current, _ = reference_quantize(one_block([7 * tiny]), per_tensor())
+    assert current.tolist() == [tiny]
+
+
 def test_nan_gives_the_nan_code_and_is_ignored_by_the_scale():
     data, scale = quantize_1x128(one_block([float("nan"), 2.0, -float("nan")]))
     assert scale.item() == torch.tensor(2.0 / 448, dtype=torch.float32).item()

@@ -47,8 +47,12 @@ RUNTIME_INTS = [
 
 @triton.jit
 def fp32_scale(amax, POWER_OF_TWO: tl.constexpr):
-    """amax / 448 (1 where amax is 0 or infinite), rounded up to a power of two on request."""
-    scale = tl.math.div_rn(amax, 448.0)
+    """amax / 448, at least 2**-149 (1 where amax is 0 or infinite), rounded up to a power of
+    two on request."""
+    # At least 2**-149, the fp32 with bits 1 (a subnormal literal would make the expression
+    # fp64): amax is not negative, and neither is the quotient, whose bits then order as it.
+    quotient = tl.math.div_rn(amax, 448.0).to(tl.int32, bitcast=True)
+    scale = tl.maximum(quotient, 1).to(tl.float32, bitcast=True)
     scale = tl.where((amax > 0.0) & (amax <= 3.4028234663852886e38), scale, 1.0)
     if POWER_OF_TWO:
         bits = scale.to(tl.int32, bitcast=True)
@@ -64,9 +68,9 @@ if PORTABLE:
 
     @triton.jit
     def divide(y, divisor, negative_inverse, negative_prescale):
-        """y / divisor, correctly rounded (the interpreter's fma rounds twice: no residual
-        step here)."""
-        return tl.math.div_rn(y, divisor)
+        """y / divisor, correctly rounded, y scaled as the divisor was (division_factors;
+        exact): the interpreter's fma rounds twice, so no residual step here."""
+        return tl.math.div_rn(y * -negative_prescale, divisor)
 
     @triton.jit
     def fp8_codes(values):
@@ -190,9 +194,11 @@ def divide_by_tensor_scale(y, scale):
 @triton.jit
 def block_scale(amax, SCALE_KIND: tl.constexpr):
     """(stored scale, divisor, multiplier, prescale) of blocks with maxima ``amax`` (any
-    shape), for :func:`apply_scale`. fp32 scales (SCALE_KIND 0, 1) divide: the last three are
-    :func:`division_factors`. E8M0 (2) stores the exponent e and multiplies by the exact power
-    of two 2**(127 - e) (2**-127, subnormal, for e = 254); divisor and prescale are unused."""
+    shape), for :func:`apply_scale`. Scales that are powers of two multiply y by their exact
+    reciprocal, one rounding as the division's: E8M0 (2) stores the exponent e and multiplies
+    by 2**(127 - e) (2**-127, subnormal, for e = 254); power-of-two fp32 scales (1) lie in
+    [2**-126, 2**120] (fp32_scale), whose reciprocals are normal. Divisor and prescale are
+    then unused. Other fp32 scales (0) divide: the last three are :func:`division_factors`."""
     if SCALE_KIND == 2:
         bits = tl.math.div_rn(amax, 448.0).to(tl.int32, bitcast=True)
         exponent = tl.minimum(((bits + 0x7FFFFF) & 0x7F800000) >> 23, 254)
@@ -202,8 +208,15 @@ def block_scale(amax, SCALE_KIND: tl.constexpr):
             tl.float32, bitcast=True)
         divisor = tl.full(amax.shape, 1.0, tl.float32)
         prescale = divisor
+    elif SCALE_KIND == 1:
+        stored = fp32_scale(amax, True)
+        # 2**(e - 127) -> 2**(127 - e): the biased exponent e becomes 254 - e.
+        multiplier = ((254 << 23) - stored.to(tl.int32, bitcast=True)).to(tl.float32,
+                                                                            bitcast=True)
+        divisor = tl.full(amax.shape, 1.0, tl.float32)
+        prescale = divisor
     else:
-        stored = fp32_scale(amax, SCALE_KIND == 1)
+        stored = fp32_scale(amax, False)
         divisor, multiplier, prescale = division_factors(stored)
     return stored, divisor, multiplier, prescale
 
@@ -211,7 +224,7 @@ def block_scale(amax, SCALE_KIND: tl.constexpr):
 @triton.jit
 def apply_scale(y, divisor, multiplier, prescale, SCALE_KIND: tl.constexpr):
     """y in units of its block's scale (block_scale's factors, broadcast to y)."""
-    if SCALE_KIND == 2:
+    if SCALE_KIND == 1 or SCALE_KIND == 2:
         values = y * multiplier
     else:
         values = divide(y, divisor, multiplier, prescale)

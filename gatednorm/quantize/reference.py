@@ -4,7 +4,9 @@ Rules shared by every format (``s`` is the dequantization scale, ``y ~= data * s
 
 - amax is the largest ``|y|`` of a block (or the tensor), NaN ignored; an infinity counts.
 - fp32 scales (1x128 blocks, per-tensor current scaling): ``s = amax / 448``, correctly
-  rounded; ``s = 1`` where amax is 0 or infinite (TransformerEngine's rule). With
+  rounded, or 2**-149 (the smallest positive fp32) where that quotient rounds to 0 (amax below
+  448 * 2**-150: fp32 y only); ``s = 1`` where amax is 0 or infinite (TransformerEngine's
+  rule). With
   ``power_of_two_scales`` s is then rounded up to a power of two (exactly, from its bits).
 - E8M0 scales (MXFP8): ``s = 2**e`` with e the exponent of ``amax / 448`` rounded up, so
   that ``amax / s <= 448`` (the rule of TransformerEngine and cuBLAS); amax = 0 gives the
@@ -31,6 +33,9 @@ _NAN_CODE = 0x7F
 _EXPONENT_MASK = 0x7F800000
 _MANTISSA_MASK = 0x007FFFFF
 _E8M0_MAX = 254
+# The smallest positive fp32 (a subnormal): the least fp32 scale, where amax / 448 would round
+# to 0 and every nonzero y of the block divide to an infinity.
+_SMALLEST_FP32 = 2.0**-149
 
 
 def nan_ignoring_abs(y: torch.Tensor) -> torch.Tensor:
@@ -47,8 +52,9 @@ def over_fp8_max(amax: torch.Tensor) -> torch.Tensor:
 
 
 def fp32_scale(amax: torch.Tensor, power_of_two: bool = False) -> torch.Tensor:
-    """``amax / 448`` (1 where amax is 0 or infinite), optionally rounded up to a power of two."""
-    scale = over_fp8_max(amax)
+    """``amax / 448``, at least 2**-149 (1 where amax is 0 or infinite), optionally rounded up
+    to a power of two."""
+    scale = over_fp8_max(amax).clamp(min=_SMALLEST_FP32)
     scale = torch.where((amax > 0) & torch.isfinite(amax), scale, torch.ones_like(scale))
     if power_of_two:
         bits = scale.view(torch.int32)

@@ -110,6 +110,21 @@ def test_decode_sizes_on_the_one_warp_tile_are_the_reference_quantization(name, 
     check_case(name, ("decode", tokens, 32 * 128, 128, "silu", True), torch.bfloat16, "te")
 
 
+@pytest.mark.parametrize("name", ["1x128", "1x128_ue8m0", "per_tensor", "1x128_columnwise",
+                                  "mxfp8"])
+def test_blocks_whose_amax_over_448_underflows_are_the_reference_quantization(name):
+    # fp32 y of a few 2**-149: amax / 448 rounds to 0; fp32 scales take 2**-149 (2**-126
+    # rounded up to a power of two), which the kernels divide by (or multiply by the inverse
+    # of) without flushing the subnormal operands.
+    x, gate, _ = model_inputs(256, 4096, torch.float32)
+    weight = torch.full((4096,), 2.0**-149, device="cuda")
+    options = dict(group_size=128, rounding="fp32")
+    result = gatednorm.rms_norm_gated(x, gate, weight, quantize=name, **options)
+    y = gatednorm.rms_norm_gated(x, gate, weight, **options)
+    assert 0 < y.abs().max() < 448 * 2.0**-150
+    assert_bit_exact(result, y)
+
+
 def test_reference_scales_are_correctly_rounded_on_the_gpu():
     # The spec divides: amax / 448 rounded once, as on the CPU (where PyTorch divides too) and in
     # the kernels. PyTorch's CUDA division by a Python number multiplies by the reciprocal.
