@@ -75,18 +75,17 @@ def _fused_path(x, gate, weight, options: GatedNormOptions, fmt: Float8Format,
     if weight is not None and weight.stride(-1) != 1:
         weight = weight.contiguous()
     if torch.compiler.is_compiling():
-        # The registered op is functional: it returns the call's amax, maxed into the
-        # caller's buffer here (a traced in-place op; the eager launch does it in the kernel).
+        # The registered op is functional: it returns the call's amax (_reported_amax maxes
+        # it into the caller's buffer, a traced in-place op).
         data, scale, rstd, amax, col_data, col_scale = rms_norm_gated_fp8(
             x.detach(), gate.detach(), None if weight is None else weight.detach(), fmt.scale,
             *options.op_arguments(), *format_args(fmt), needs_grad)
-        if fmt.amax_out is not None:
-            torch.maximum(fmt.amax_out, amax, out=fmt.amax_out)
     else:
+        # Delayed scaling's eager kernel maxes into the caller's buffer itself.
         data, scale, rstd, amax, col_data, col_scale = quantized_forward(
             x.detach(), gate.detach(), None if weight is None else weight.detach(), fmt.scale,
             eps=options.eps, **_kernel_options(options), fmt=fmt, store_rstd=needs_grad,
-            traceable=False, amax_out=fmt.amax_out)
+            traceable=False, amax_out=None if fmt.scale is None else fmt.amax_out)
     anchor = GradientAnchor.apply(x, gate, weight, rstd, options) if needs_grad else None
     columnwise = (col_data, col_scale) if fmt.columnwise else (None, None)
     return QuantizedOutput(data, scale, *columnwise, _reported_amax(fmt, amax), fmt, anchor,
@@ -94,11 +93,16 @@ def _fused_path(x, gate, weight, options: GatedNormOptions, fmt: Float8Format,
 
 
 def _reported_amax(fmt: Float8Format, amax):
-    """QuantizedOutput.amax: the caller's buffer where it gave one (the kernels maxed into
-    it), the call's own amax otherwise; None for block formats."""
+    """QuantizedOutput.amax: None for block formats; the call's own amax, or, where the caller
+    gave a buffer, that buffer with the call's amax maxed into it (here, unless the kernel
+    did it and returned an empty amax)."""
     if fmt.scaling != "tensor":
         return None
-    return amax if fmt.amax_out is None else fmt.amax_out
+    if fmt.amax_out is None:
+        return amax
+    if amax.numel():
+        torch.maximum(fmt.amax_out, amax, out=fmt.amax_out)
+    return fmt.amax_out
 
 
 def _reference_path(x, gate, weight, options: GatedNormOptions, fmt: Float8Format,
@@ -115,8 +119,6 @@ def _reference_path(x, gate, weight, options: GatedNormOptions, fmt: Float8Forma
             None if weight is None else weight.detach().float(), eps=options.eps,
             **_kernel_options(options))
     data, scale, amax = reference_quantize(quantized, fmt)
-    if fmt.amax_out is not None:
-        torch.maximum(fmt.amax_out, amax, out=fmt.amax_out)
     columnwise = columnwise_quantize(quantized, fmt) if fmt.columnwise else (None, None)
     return QuantizedOutput(data, scale, *columnwise, _reported_amax(fmt, amax), fmt,
                            y if needs_grad else None, x.shape, x.dtype)

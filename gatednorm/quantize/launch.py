@@ -254,17 +254,10 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
                       store_rstd: bool, traceable: bool, amax_out=None):
     """(data [rows, K] E4M3, scales, rstd [..., K / group_size] fp32 or empty, amax [1] fp32
     or empty, columnwise data [K, rows] or empty, columnwise scales or empty) of the gated
-    norm of x, quantized in ``fmt``. Per-tensor formats with ``amax_out`` (fp32 [1]) max the
-    call's amax into it in place and return an empty amax: delayed scaling's kernel maxes
-    into it directly (no launch of its own), current scaling's after its two passes (its
-    scale needs the call's own amax)."""
-    if amax_out is not None and tensor_scale is None:
-        data, scales, rstd, amax, col_data, col_scales = quantized_forward(
-            x, gate, weight, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
-            activation=activation, norm_before_gate=norm_before_gate, group_size=group_size,
-            rounding=rounding, fmt=fmt, store_rstd=store_rstd, traceable=traceable)
-        torch.maximum(amax_out, amax, out=amax_out)
-        return data, scales, rstd, amax.new_empty((0,)), col_data, col_scales
+    norm of x, quantized in ``fmt``. Delayed scaling with ``amax_out`` (fp32 [1]): the kernel
+    maxes the call's amax into it in place (no launch of its own) and amax is empty. (Current
+    scaling needs the call's own amax for its scale: the caller maxes it into its buffer.)"""
+    assert amax_out is None or tensor_scale is not None, "amax_out: delayed scaling only"
     data, scales, rstd, amax, col_data, col_scales = allocate_outputs(
         x, tensor_scale, group_size, fmt, store_rstd, amax_in_place=amax_out is not None)
     amax_target = amax if amax_out is None else amax_out  # what the kernels max into
