@@ -1,12 +1,17 @@
 """Count the SASS instructions of a gatednorm kernel without a GPU.
 
-Compiles the forward or backward tile kernel for sm_90 with the ptxas and nvdisasm that ship
+Compiles the forward, backward or FP8-output (``--pass quantized --scale-kind N``) tile kernel
+for sm_90 with the ptxas and nvdisasm that ship
 in Triton's wheel and prints the instruction count by opcode, for the whole kernel or only the
 body of its main loop (``--loop-only``: the backward's per-tile row loop, one iteration). On the
 H200 the backward is issue-bound, and the loop body's count tracked the measured kernel time
 (docs/perf-notes.md, variants 13-14), so a kernel change can be judged here before a GPU run::
 
     python benchmarks/instruction_count.py --pass bwd --leading-dims 2 --loop-only
+    python benchmarks/instruction_count.py --pass quantized --scale-kind 0   # 1x128, fp32 scales
+
+The FP8-output forward is issue-bound on the H200 too: divide the count by the tile's elements
+(``--block-rows`` x ``--block-n``, 16 x 128 for GDN's heads) for instructions an element.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from gatednorm.kernels import backward, forward  # noqa: E402
+from gatednorm.quantize import kernels as quantized  # noqa: E402
 
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
@@ -84,7 +90,8 @@ def opcode_counts(lines: list[str]) -> collections.Counter:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="bwd")
+    parser.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "quantized"),
+                        default="bwd")
     parser.add_argument("--leading-dims", type=int, default=1, choices=(1, 2, 3),
                         help="2: a gate sliced from a projection output")
     parser.add_argument("--block-rows", type=int)
@@ -101,7 +108,8 @@ def main() -> None:
     parser.add_argument("--store-rstd", action="store_true",
                         help="forward: the training forward (rstd stored)")
     parser.add_argument("--no-ptx", action="store_true",
-                        help="forward: store rstd with tl.store (as under torch.compile)")
+                        help="forward and quantized: store rstd (and scales) with tl.store, as under "
+                             "torch.compile")
     parser.add_argument("--tail-n", type=int, default=0,
                         help="a tail tile of this many columns after --block-n "
                              "(a group held as head + tail, config.head_and_tail)")
@@ -113,6 +121,11 @@ def main() -> None:
     parser.add_argument("--vector-elements", type=int, default=8, choices=(1, 2, 4, 8),
                         help="the ROW_ALIGN hint: loads and stores this many elements wide "
                              "(LaunchConfig.max_vector_elements)")
+    parser.add_argument("--scale-kind", type=int, default=0, choices=range(5),
+                        help="quantized: 0 1x128 fp32 scales, 1 1x128 power-of-two, 2 MXFP8, "
+                             "3 per-tensor given scale, 4 per-tensor current scaling")
+    parser.add_argument("--fp32-y", action="store_true",
+                        help="quantized: quantize y before its rounding to x's dtype")
     parser.add_argument("--dump", help="write the counted SASS lines here")
     args = parser.parse_args()
 
@@ -132,6 +145,19 @@ def main() -> None:
                  SPLIT_PASS=args.split_pass,
                  DOT_BLOCKS=4 if args.split_pass else 1,
                  WAIT_FOR_PRIOR_GRID=False), args.warps or 1)
+    elif args.pass_ == "quantized":
+        mxfp8 = args.scale_kind == 2
+        pointers = {name: "*bf16" for name in ("X", "GATE", "W")}
+        pointers.update(Q="*u8", SCALE="*i32" if mxfp8 else "*fp32", RSTD="*fp32",
+                        TENSOR_SCALE="*fp32", AMAX="*fp32")
+        compiled = compile_for_sm90(
+            quantized.quantized_forward_kernel, pointers,
+            dict(flags, BLOCK_ROWS=args.block_rows or 16, BLOCK_N=args.block_n,
+                 TAIL_N=args.tail_n, GROUPS_PER_TILE=1, QUANT_BLOCK=32 if mxfp8 else 128,
+                 SCALE_KIND=args.scale_kind, SWIZZLED=False,
+                 SCALE_WORDS=mxfp8 and args.block_n % 128 == 0, ROUND_Y=not args.fp32_y,
+                 STORE_RSTD=args.store_rstd, AMAX_ONLY=False, STORES_BY_PTX=not args.no_ptx),
+            args.warps or 4)
     else:
         pointers = {name: "*bf16" for name in ("X", "GATE", "W", "Y")}
         pointers.update(RSTD="*fp32")

@@ -60,7 +60,8 @@ QUANTIZED_BASE = dict(LEADING_DIMS=1, ROW_ALIGN=8, HAS_WEIGHT=True, ZERO_CENTERE
                       ACTIVATION=0, NORM_BEFORE_GATE=True, ROUNDING=0,
                       WEIGHT_PRODUCT_ROUNDED=True, STORE_RSTD=True, BLOCK_ROWS=16, BLOCK_N=128,
                       TAIL_N=0, GROUPS_PER_TILE=1, QUANT_BLOCK=128, SCALE_KIND=0,
-                      SWIZZLED=False, SCALE_WORDS=False, ROUND_Y=True, num_warps=4)
+                      SWIZZLED=False, SCALE_WORDS=False, ROUND_Y=True, STORES_BY_PTX=False,
+                      num_warps=4)
 FUSED = dict(QUANTIZED_BASE, AMAX_ONLY=False)
 # (module, kernel, constexprs, width, group size)
 QUANTIZED = {

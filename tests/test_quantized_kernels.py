@@ -21,6 +21,7 @@ from gatednorm.quantize.launch import (
     stores_scale_words,
 )
 from gatednorm.quantize.reference import mismatches
+from quantized_cases import blocks_with_maxima, scale_rule_edges
 
 pytestmark = pytest.mark.skipif(not ops.INTERPRET, reason="CPU kernel tests need TRITON_INTERPRET=1")
 
@@ -322,3 +323,17 @@ def test_fp32_inputs_fp32_weights_zero_centered_and_no_weight(x_dtype, weight_dt
     result = gatednorm.rms_norm_gated(x, gate, weight, quantize="1x128", **options)
     assert_matches_reference_of_op_output(result, gatednorm.rms_norm_gated(x, gate, weight,
                                                                            **options))
+
+
+@pytest.mark.parametrize("name", ["1x128", "1x128_ue8m0", "1x128_ue8m0_column", "mxfp8",
+                                  "mxfp8_swizzled", "1x128_columnwise", "mxfp8_columnwise"])
+def test_scale_rule_edges_match_the_reference(name, monkeypatch):
+    # Swizzled scales of a float32 x need whole 128-row tiles.
+    rows = 128 if name == "mxfp8_swizzled" else 3
+    x, gate, weight, options = blocks_with_maxima(scale_rule_edges(), rows)
+    poisoned(monkeypatch)
+    result = gatednorm.rms_norm_gated(x, gate, weight, quantize=name, **options)
+    monkeypatch.undo()
+    y = gatednorm.rms_norm_gated(x, gate, weight, **options)
+    assert torch.equal(y[0], weight)  # the blocks hold the maxima the test means
+    assert_matches_reference_of_op_output(result, y)

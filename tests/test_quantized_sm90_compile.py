@@ -14,11 +14,17 @@ import sys
 BASE = dict(LEADING_DIMS=1, ROW_ALIGN=8, BLOCK_ROWS=16, BLOCK_N=128, TAIL_N=0,
             GROUPS_PER_TILE=1, HAS_WEIGHT=True, ZERO_CENTERED=False, ACTIVATION=0,
             NORM_BEFORE_GATE=True, ROUNDING=0, WEIGHT_PRODUCT_ROUNDED=True, QUANT_BLOCK=128,
-            SCALE_KIND=0, SWIZZLED=False, SCALE_WORDS=False, ROUND_Y=True, STORE_RSTD=True)
+            SCALE_KIND=0, SWIZZLED=False, SCALE_WORDS=False, ROUND_Y=True, STORE_RSTD=True,
+            STORES_BY_PTX=True)
 FUSED_CASES = [
     dict(AMAX_ONLY=False),
+    dict(AMAX_ONLY=False, STORES_BY_PTX=False),
+    dict(AMAX_ONLY=False, SCALE_KIND=1, SWIZZLED=True),
     dict(AMAX_ONLY=False, SCALE_KIND=2, QUANT_BLOCK=32, SWIZZLED=True),
+    dict(AMAX_ONLY=False, SCALE_KIND=2, QUANT_BLOCK=32, BLOCK_N=32, BLOCK_ROWS=32),
     dict(AMAX_ONLY=False, SCALE_KIND=2, QUANT_BLOCK=32, SWIZZLED=True, SCALE_WORDS=True),
+    dict(AMAX_ONLY=False, SCALE_KIND=2, QUANT_BLOCK=32, SWIZZLED=True, SCALE_WORDS=True,
+         STORES_BY_PTX=False),
     dict(AMAX_ONLY=False, SCALE_KIND=2, QUANT_BLOCK=32, SCALE_WORDS=True, BLOCK_ROWS=1,
          BLOCK_N=512, TAIL_N=128, NORM_BEFORE_GATE=False),
     dict(AMAX_ONLY=True, SCALE_KIND=4, QUANT_BLOCK=1),
@@ -33,17 +39,18 @@ COLUMNWISE_CASES = [dict(QT_ALIGN=16), dict(QT_ALIGN=1, BLOCK_N=64, GROUPS_PER_T
                     dict(QT_ALIGN=1, SCALE_KIND=2, QUANT_BLOCK=32),
                     dict(QT_ALIGN=16, SCALE_KIND=2, QUANT_BLOCK=32, SCALE_WORDS=True)]
 QUANTIZE_CASES = [dict(BLOCK_ROWS=16, WIDTH=128, QUANT_BLOCK=128, SCALE_KIND=kind,
-                       SWIZZLED=False, SCALE_WORDS=False, AMAX_ONLY=False) for kind in range(5)]
+                       SWIZZLED=False, SCALE_WORDS=False, AMAX_ONLY=False, STORES_BY_PTX=True)
+                  for kind in range(5)]
 QUANTIZE_CASES.append(dict(QUANTIZE_CASES[2], QUANT_BLOCK=32, SCALE_WORDS=True))
 # The unfused path's kernel of both copies (1x128 fp32 and power-of-two scales, MXFP8).
 QUANTIZE_COLUMNWISE_CASES = [dict(WIDTH=128, QUANT_BLOCK=128, SCALE_KIND=0, SWIZZLED=False,
-                                  SCALE_WORDS=False, QT_ALIGN=16),
+                                  SCALE_WORDS=False, QT_ALIGN=16, STORES_BY_PTX=True),
                              dict(WIDTH=128, QUANT_BLOCK=128, SCALE_KIND=1, SWIZZLED=False,
-                                  SCALE_WORDS=False, QT_ALIGN=1),
+                                  SCALE_WORDS=False, QT_ALIGN=1, STORES_BY_PTX=False),
                              dict(WIDTH=128, QUANT_BLOCK=32, SCALE_KIND=2, SWIZZLED=True,
-                                  SCALE_WORDS=False, QT_ALIGN=16),
+                                  SCALE_WORDS=False, QT_ALIGN=16, STORES_BY_PTX=True),
                              dict(WIDTH=128, QUANT_BLOCK=32, SCALE_KIND=2, SWIZZLED=True,
-                                  SCALE_WORDS=True, QT_ALIGN=16)]
+                                  SCALE_WORDS=True, QT_ALIGN=16, STORES_BY_PTX=True)]
 POINTERS = dict(X="*bf16", GATE="*bf16", W="*bf16", Y="*bf16", Q="*u8", SCALE="*fp32",
                 RSTD="*fp32", TENSOR_SCALE="*fp32", AMAX="*fp32", QT="*u8", SCALE_T="*fp32")
 

@@ -72,6 +72,34 @@ def round_to(t, dtype: tl.constexpr):
     return t.to(dtype).to(tl.float32)
 
 
+if os.environ.get("TRITON_INTERPRET", "0") == "1" or torch.version.hip:
+    @triton.jit
+    def round_pairs(t, dtype: tl.constexpr):
+        """t rounded to ``dtype`` (nearest even), as fp32."""
+        return round_to(t, dtype)
+else:
+    @triton.jit
+    def round_pairs(t, dtype: tl.constexpr):
+        """t rounded to ``dtype`` (nearest even), as fp32. 16-bit dtypes round two values
+        an instruction (cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32, the same rounding as one
+        value's cvt, which takes a quarter-rate conversion instruction a value on Hopper).
+        Where the rounded value is only stored in that dtype, or multiplied in it ("hf"'s
+        weight product), round_to is cheaper: the compiler folds it into the store's
+        conversion or into a 16-bit multiply, which it cannot see through inline PTX."""
+        if dtype == tl.bfloat16:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 p; cvt.rn.bf16x2.f32 p, $3, $2; "
+                "shl.b32 $0, p, 16; and.b32 $1, p, 0xffff0000; }",
+                "=r,=r,r,r", [t], dtype=tl.float32, is_pure=True, pack=2)
+        elif dtype == tl.float16:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 p; .reg .b16 lo, hi; cvt.rn.f16x2.f32 p, $3, $2; "
+                "mov.b32 {lo, hi}, p; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }",
+                "=r,=r,r,r", [t], dtype=tl.float32, is_pure=True, pack=2)
+        else:
+            return round_to(t, dtype)
+
+
 @triton.jit
 def load_gamma(W, offsets, mask, HAS_WEIGHT: tl.constexpr, ZERO_CENTERED: tl.constexpr):
     """The fp32 scale: weight, 1 + weight when zero-centered, or 1 without a weight."""
@@ -193,9 +221,9 @@ def forward_output(h_hat, act, gamma, X_DTYPE: tl.constexpr, WEIGHT_PRODUCT_ROUN
     if NORM_BEFORE_GATE:
         if ROUNDING == 0:
             if HAS_WEIGHT:
-                y = round_to(h_hat * gamma, X_DTYPE) * act
+                y = round_pairs(h_hat * gamma, X_DTYPE) * act
             else:
-                y = round_to(h_hat, X_DTYPE) * act
+                y = round_pairs(h_hat, X_DTYPE) * act
         elif ROUNDING == 1:
             if HAS_WEIGHT:
                 y = h_hat * gamma * act

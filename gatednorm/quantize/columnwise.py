@@ -75,12 +75,13 @@ def store_both_copies(y, rows_idx, row_mask, col0, valid_cols, column_amax, Q, S
                       k, stride_scale_row, stride_scale_col, scale_col_tiles,
                       BLOCK_ROWS: tl.constexpr, WIDTH: tl.constexpr, QUANT_BLOCK: tl.constexpr,
                       SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr,
-                      SCALE_WORDS: tl.constexpr, Q_ALIGN: tl.constexpr, QT_ALIGN: tl.constexpr):
+                      SCALE_WORDS: tl.constexpr, Q_ALIGN: tl.constexpr, QT_ALIGN: tl.constexpr,
+                      STORES_BY_PTX: tl.constexpr):
     """The rowwise blocks of a [BLOCK_ROWS, WIDTH] tile of y (with their scales), and the
     tile's columnwise blocks (scales from ``column_amax``) stored transposed."""
     quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, SCALE, SCALE, k,
                   stride_scale_row, stride_scale_col, scale_col_tiles, BLOCK_ROWS, WIDTH,
-                  QUANT_BLOCK, SCALE_KIND, SWIZZLED, SCALE_WORDS, False, Q_ALIGN)
+                  QUANT_BLOCK, SCALE_KIND, SWIZZLED, SCALE_WORDS, False, Q_ALIGN, STORES_BY_PTX)
     store_columnwise(y, rows_idx, row_mask, col0, valid_cols, column_amax, QT, rows, WIDTH,
                      SCALE_KIND, QT_ALIGN)
 
@@ -99,7 +100,7 @@ def quantized_forward_columnwise_kernel(
     NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
     QUANT_BLOCK: tl.constexpr, SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr,
     SCALE_WORDS: tl.constexpr, ROUND_Y: tl.constexpr, STORE_RSTD: tl.constexpr,
-    QT_ALIGN: tl.constexpr,
+    QT_ALIGN: tl.constexpr, STORES_BY_PTX: tl.constexpr,
 ):
     """Program ``pid`` owns tile ``pid % (num_groups // GROUPS_PER_TILE)`` (as in
     quantized_forward_kernel) of the QUANT_BLOCK tokens from ``pid // that * QUANT_BLOCK``.
@@ -128,7 +129,8 @@ def quantized_forward_columnwise_kernel(
                         SCALE_KIND)
     store_both_copies(y, rows_idx, row_mask, tile_offset, valid, amax, Q, SCALE, QT, rows, k,
                       stride_scale_row, stride_scale_col, scale_col_tiles, QUANT_BLOCK, WIDTH,
-                      QUANT_BLOCK, SCALE_KIND, SWIZZLED, SCALE_WORDS, ROW_ALIGN, QT_ALIGN)
+                      QUANT_BLOCK, SCALE_KIND, SWIZZLED, SCALE_WORDS, ROW_ALIGN, QT_ALIGN,
+                      STORES_BY_PTX)
     if STORE_RSTD:
         if GROUPS_PER_TILE == 1:
             tl.store(RSTD + rows_idx * num_groups + first_group, rstd, mask=row_mask)
@@ -144,6 +146,7 @@ def quantize_columnwise_kernel(
     token_blocks,
     WIDTH: tl.constexpr, QUANT_BLOCK: tl.constexpr, SCALE_KIND: tl.constexpr,
     SWIZZLED: tl.constexpr, SCALE_WORDS: tl.constexpr, QT_ALIGN: tl.constexpr,
+    STORES_BY_PTX: tl.constexpr,
 ):
     """Both copies of a contiguous [rows, k] y (k a multiple of QUANT_BLOCK): program ``pid``
     owns columns [pid % tiles * WIDTH, +WIDTH) of the QUANT_BLOCK tokens from
@@ -166,4 +169,5 @@ def quantize_columnwise_kernel(
     # k is a multiple of the block (32 or 128 columns): Q's rows start on 16 bytes.
     store_both_copies(y, rows_idx, row_mask, col0, valid, amax, Q, SCALE, QT, rows, k,
                       stride_scale_row, stride_scale_col, scale_col_tiles, QUANT_BLOCK, WIDTH,
-                      QUANT_BLOCK, SCALE_KIND, SWIZZLED, SCALE_WORDS, 16, QT_ALIGN)
+                      QUANT_BLOCK, SCALE_KIND, SWIZZLED, SCALE_WORDS, 16, QT_ALIGN,
+                      STORES_BY_PTX)

@@ -11,6 +11,11 @@ GROUPS_PER_TILE groups of one block and reduces each group apart.
 SCALE_KIND: 0 fp32 amax / 448, 1 the same rounded up to a power of two, 2 E8M0 (MXFP8),
 3 a given per-tensor scale (copied to SCALE; the call's amax atomically maxed into AMAX), 4
 per-tensor current scaling (amax read from AMAX, written by an AMAX_ONLY pass before).
+
+STORES_BY_PTX (eager launches): a tile's per-row values (scales where a row has one stored
+word, rstd) are stored by inline PTX from the reduction's layout (store_row_values), not by
+tl.store, whose layout for them costs a shared-memory round trip and two barriers a tile.
+torch.compile cannot see a store inside inline assembly: traced launches use tl.store.
 """
 
 import os
@@ -25,8 +30,9 @@ from gatednorm.kernels.pointwise import (
     fp32_argument,
     load_gamma,
     reciprocal,
-    round_to,
+    round_pairs,
     row_offsets,
+    store_row_values,
 )
 
 # The interpreter (and a ROCm build) gets plain Triton; CUDA builds use what PTX's
@@ -58,6 +64,20 @@ def fp32_scale(amax, POWER_OF_TWO: tl.constexpr):
         bits = scale.to(tl.int32, bitcast=True)
         scale = ((bits + 0x7FFFFF) & 0x7F800000).to(tl.float32, bitcast=True)
     return scale
+
+
+@triton.jit
+def ceil_exponent(amax):
+    """The biased exponent of the least power of two at or above amax / 448, for normal amax,
+    without the division: amax = m * 2**(e - 127), m in [1, 2), is at most 448 * 2**(e - 135)
+    = 1.75 * 2**(e - 127) exactly when m <= 1.75, that is when its fraction bits are at most
+    0x600000, and adding 0x1FFFFF carries into the exponent exactly when they are above. The
+    correctly rounded quotient has the same least power of two above it wherever it is
+    normal (rounding is monotonic and keeps powers of two; the quotient's rounding error,
+    0.875 of an ulp of amax at most, cannot cross 448 * 2**(e - 135), a multiple of that
+    ulp). Subnormal and tiny amax give 0 or less (the callers clamp); amax >= 0, and
+    infinite or NaN amax are the callers' to replace."""
+    return ((amax.to(tl.int32, bitcast=True) + 0x1FFFFF) >> 23) - 8
 
 
 if PORTABLE:
@@ -133,36 +153,38 @@ else:
 
 
 @triton.jit
-def swizzled_offsets(rows_idx, block_idx, scale_col_tiles):
-    """Offsets of [rows, blocks] scales in cuBLAS's 128x4 tiles (row-major tile order, each
-    tile [32][4][4]: row % 32, row % 128 // 32, column % 4)."""
-    row = rows_idx[:, None]
-    col = block_idx[None, :]
+def swizzled_offsets(row, col, scale_col_tiles):
+    """Offsets of the scales of rows ``row`` and block columns ``col`` (broadcast against each
+    other) in cuBLAS's 128x4 tiles (row-major tile order, each tile [32][4][4]: row % 32,
+    row % 128 // 32, column % 4)."""
     tile = (row // 128) * scale_col_tiles + col // 4
     return tile * 512 + (row % 32) * 16 + ((row % 128) // 32) * 4 + col % 4
 
 
 @triton.jit
-def swizzled_word_offsets(rows_idx, word_idx, scale_col_tiles):
-    """Offsets, in 32-bit words, of the swizzled layout's [rows, words] scale words: word
-    ``w`` of a row holds its scale columns 4w..4w+3, which swizzled_offsets puts in four
-    adjacent bytes of one 128x4 tile."""
-    row = rows_idx[:, None]
-    tile = (row // 128) * scale_col_tiles + word_idx[None, :]
+def swizzled_word_offsets(row, word, scale_col_tiles):
+    """Offsets, in 32-bit words, of the swizzled layout's scale words of rows ``row`` and word
+    columns ``word`` (broadcast): word ``w`` of a row holds its scale columns 4w..4w+3, which
+    swizzled_offsets puts in four adjacent bytes of one 128x4 tile."""
+    tile = (row // 128) * scale_col_tiles + word
     return tile * 128 + (row % 32) * 4 + (row % 128) // 32
 
 
 @triton.jit
 def scale_words(stored, BLOCK_ROWS: tl.constexpr, BLOCKS: tl.constexpr):
-    """[BLOCK_ROWS, BLOCKS // 4] int32 words of [BLOCK_ROWS, BLOCKS] E8M0 exponents, four
-    consecutive blocks a word, the first in the lowest byte (little-endian: the bytes' order
-    in memory)."""
+    """[BLOCK_ROWS, BLOCKS // 4] int32 words of [BLOCK_ROWS, BLOCKS] E8M0 exponents ([BLOCK_ROWS]
+    for four blocks), four consecutive blocks a word, the first in the lowest byte
+    (little-endian: the bytes' order in memory)."""
     tl.static_assert(BLOCKS % 4 == 0)
-    shifts = (tl.arange(0, 4) * 8)[None, None, :]
-    grouped = tl.reshape(stored.to(tl.int32), [BLOCK_ROWS, BLOCKS // 4, 4])
     # The fields are disjoint: their sum is their bitwise or (a sign bit set by the shift
     # of the fourth byte included).
-    return tl.sum(grouped << shifts, axis=2)
+    if BLOCKS == 4:
+        words = tl.sum(stored.to(tl.int32) << (tl.arange(0, 4) * 8)[None, :], axis=1)
+    else:
+        shifts = (tl.arange(0, 4) * 8)[None, None, :]
+        grouped = tl.reshape(stored.to(tl.int32), [BLOCK_ROWS, BLOCKS // 4, 4])
+        words = tl.sum(grouped << shifts, axis=2)
+    return words
 
 
 @triton.jit
@@ -200,8 +222,14 @@ def block_scale(amax, SCALE_KIND: tl.constexpr):
     [2**-126, 2**120] (fp32_scale), whose reciprocals are normal. Divisor and prescale are
     then unused. Other fp32 scales (0) divide: the last three are :func:`division_factors`."""
     if SCALE_KIND == 2:
-        bits = tl.math.div_rn(amax, 448.0).to(tl.int32, bitcast=True)
-        exponent = tl.minimum(((bits + 0x7FFFFF) & 0x7F800000) >> 23, 254)
+        # The quotient's exponent rounded up, at most 254: 1 for a subnormal quotient, 0 where
+        # it rounds to 0 (amax <= 448 * 2**-150 = 7 * 2**-144, the fp32 with bits 224) and
+        # for NaN (an all-NaN block), 254 for infinite amax. amax is not negative: its bits
+        # order as it (compared as integers: a subnormal literal would be fp64).
+        bits = amax.to(tl.int32, bitcast=True)
+        exponent = tl.where(bits > 224, tl.maximum(ceil_exponent(amax), 1), 0)
+        exponent = tl.where(bits == 0x7F800000, 254, exponent)
+        exponent = tl.where(bits > 0x7F800000, 0, exponent)
         stored = exponent.to(tl.uint8)
         # 2**-127 is the fp32 with only mantissa bit 22 set.
         multiplier = tl.where(exponent == 254, 0x400000, (254 - exponent) << 23).to(
@@ -209,7 +237,11 @@ def block_scale(amax, SCALE_KIND: tl.constexpr):
         divisor = tl.full(amax.shape, 1.0, tl.float32)
         prescale = divisor
     elif SCALE_KIND == 1:
-        stored = fp32_scale(amax, True)
+        # fp32_scale(amax, True) without its division: at least 2**-126 (a subnormal or
+        # floored quotient rounds up to it), 1 where amax is 0 or not finite.
+        exponent = tl.maximum(ceil_exponent(amax), 1)
+        stored = tl.where((amax > 0.0) & (amax <= 3.4028234663852886e38), exponent << 23,
+                          0x3F800000).to(tl.float32, bitcast=True)
         # 2**(e - 127) -> 2**(127 - e): the biased exponent e becomes 254 - e.
         multiplier = ((254 << 23) - stored.to(tl.int32, bitcast=True)).to(tl.float32,
                                                                             bitcast=True)
@@ -243,18 +275,68 @@ def raise_amax(AMAX, row_max):
 
 
 @triton.jit
-def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCALE, AMAX, k,
-                  stride_scale_row, stride_scale_col, scale_col_tiles,
-                  BLOCK_ROWS: tl.constexpr, WIDTH: tl.constexpr, QUANT_BLOCK: tl.constexpr,
-                  SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr, SCALE_WORDS: tl.constexpr,
-                  AMAX_ONLY: tl.constexpr, Q_ALIGN: tl.constexpr):
-    """Quantize and store a [BLOCK_ROWS, WIDTH] fp32 tile of y whose first column is column
-    ``col0`` of the [rows, k] output; columns at or past ``valid_cols`` are padding.
+def store_block_scales(scale_values, rows_idx, row_mask, col0, valid_cols, SCALE,
+                       stride_scale_row, stride_scale_col, scale_col_tiles,
+                       BLOCK_ROWS: tl.constexpr, BLOCKS: tl.constexpr,
+                       QUANT_BLOCK: tl.constexpr, SCALE_KIND: tl.constexpr,
+                       SWIZZLED: tl.constexpr, SCALE_WORDS: tl.constexpr,
+                       STORES_BY_PTX: tl.constexpr):
+    """Store the scales of a tile's blocks: ``scale_values`` [BLOCK_ROWS, BLOCKS], or
+    [BLOCK_ROWS] for one block a row, of the tile from column ``col0`` (``valid_cols`` of its
+    columns in range).
 
     SCALE_WORDS (MXFP8, where ``col0`` and ``valid_cols`` are multiples of 128): SCALE is the
     scales' storage as int32 and its strides count words; each row's scales are stored four
     to a word. A row's four blocks of 128 columns share one 32-byte sector either way, but
     four byte stores to it cost the tile's store pipeline and L2 more than one word store.
+    Where a row stores one 32-bit value (a 1x128 block or an MXFP8 word of a 128-wide tile),
+    STORES_BY_PTX stores it from the reduction's layout."""
+    if SCALE_WORDS:
+        tl.static_assert(SCALE_KIND == 2)
+        scale_values = scale_words(scale_values, BLOCK_ROWS, BLOCKS)
+        STORED: tl.constexpr = BLOCKS // 4
+        COLUMNS_STORED: tl.constexpr = 4 * QUANT_BLOCK
+    else:
+        STORED: tl.constexpr = BLOCKS
+        COLUMNS_STORED: tl.constexpr = QUANT_BLOCK
+    if STORED == 1 and (SCALE_WORDS or SCALE_KIND != 2):
+        # [BLOCK_ROWS] 32-bit values; the tile's one stored column is in range.
+        stored_col = col0 // COLUMNS_STORED
+        if SWIZZLED and SCALE_WORDS:
+            offsets = swizzled_word_offsets(rows_idx, stored_col, scale_col_tiles)
+        elif SWIZZLED:
+            offsets = swizzled_offsets(rows_idx, stored_col, scale_col_tiles)
+        else:
+            offsets = rows_idx * stride_scale_row + stored_col * stride_scale_col
+        if STORES_BY_PTX:
+            store_row_values(SCALE + offsets, scale_values, row_mask)
+        else:
+            tl.store(SCALE + offsets, scale_values, mask=row_mask)
+    else:
+        if STORED == 1:
+            scale_values = scale_values[:, None]  # MXFP8 bytes of a 32-wide tile
+        stored_idx = col0 // COLUMNS_STORED + tl.arange(0, STORED)  # [STORED]
+        stored_mask = row_mask[:, None] & (tl.arange(0, STORED) * COLUMNS_STORED
+                                           < valid_cols)[None, :]
+        if SWIZZLED and SCALE_WORDS:
+            offsets = swizzled_word_offsets(rows_idx[:, None], stored_idx[None, :],
+                                            scale_col_tiles)
+        elif SWIZZLED:
+            offsets = swizzled_offsets(rows_idx[:, None], stored_idx[None, :], scale_col_tiles)
+        else:
+            offsets = (rows_idx[:, None] * stride_scale_row
+                       + stored_idx[None, :] * stride_scale_col)
+        tl.store(SCALE + offsets, scale_values, mask=stored_mask)
+
+
+@triton.jit
+def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCALE, AMAX, k,
+                  stride_scale_row, stride_scale_col, scale_col_tiles,
+                  BLOCK_ROWS: tl.constexpr, WIDTH: tl.constexpr, QUANT_BLOCK: tl.constexpr,
+                  SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr, SCALE_WORDS: tl.constexpr,
+                  AMAX_ONLY: tl.constexpr, Q_ALIGN: tl.constexpr, STORES_BY_PTX: tl.constexpr):
+    """Quantize and store a [BLOCK_ROWS, WIDTH] fp32 tile of y whose first column is column
+    ``col0`` of the [rows, k] output; columns at or past ``valid_cols`` are padding.
 
     Q_ALIGN: what ``rows * k + col0`` is a multiple of, stated rather than inferred. The
     layout of Q's store can become the tile's layout, and so fix the order of the fused
@@ -278,9 +360,10 @@ def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCAL
             BLOCKS: tl.constexpr = WIDTH // QUANT_BLOCK
             if BLOCKS == 1:
                 # One block a tile row (GDN's 128-wide heads): no reshape, so no layout change.
-                amax = tl.max(magnitude, axis=1, keep_dims=True)  # [BLOCK_ROWS, 1]
+                amax = tl.max(magnitude, axis=1)  # [BLOCK_ROWS]
                 scale_values, divisor, multiplier, prescale = block_scale(amax, SCALE_KIND)
-                values = apply_scale(y, divisor, multiplier, prescale, SCALE_KIND)
+                values = apply_scale(y, divisor[:, None], multiplier[:, None],
+                                     prescale[:, None], SCALE_KIND)
             else:
                 amax = tl.max(tl.reshape(magnitude, [BLOCK_ROWS, BLOCKS, QUANT_BLOCK]), axis=2)
                 blocks = tl.reshape(y, [BLOCK_ROWS, BLOCKS, QUANT_BLOCK])
@@ -289,25 +372,10 @@ def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCAL
                                                 prescale[:, :, None], SCALE_KIND),
                                     [BLOCK_ROWS, WIDTH])
             codes = fp8_codes(values)
-            if SCALE_WORDS:
-                tl.static_assert(SCALE_KIND == 2)
-                scale_values = scale_words(scale_values, BLOCK_ROWS, BLOCKS)
-                STORED: tl.constexpr = BLOCKS // 4
-                COLUMNS_STORED: tl.constexpr = 4 * QUANT_BLOCK
-            else:
-                STORED: tl.constexpr = BLOCKS
-                COLUMNS_STORED: tl.constexpr = QUANT_BLOCK
-            stored_idx = col0 // COLUMNS_STORED + tl.arange(0, STORED)  # [STORED]
-            stored_mask = row_mask[:, None] & (tl.arange(0, STORED) * COLUMNS_STORED
-                                               < valid_cols)[None, :]
-            if SWIZZLED and SCALE_WORDS:
-                scale_offsets = swizzled_word_offsets(rows_idx, stored_idx, scale_col_tiles)
-            elif SWIZZLED:
-                scale_offsets = swizzled_offsets(rows_idx, stored_idx, scale_col_tiles)
-            else:
-                scale_offsets = (rows_idx[:, None] * stride_scale_row
-                                 + stored_idx[None, :] * stride_scale_col)
-            tl.store(SCALE + scale_offsets, scale_values, mask=stored_mask)
+            store_block_scales(scale_values, rows_idx, row_mask, col0, valid_cols, SCALE,
+                               stride_scale_row, stride_scale_col, scale_col_tiles, BLOCK_ROWS,
+                               BLOCKS, QUANT_BLOCK, SCALE_KIND, SWIZZLED, SCALE_WORDS,
+                               STORES_BY_PTX)
         q_rows = tl.multiple_of(rows_idx * k + col0, Q_ALIGN)  # [BLOCK_ROWS]
         tl.store(Q + q_rows[:, None] + cols[None, :], codes, mask=mask)
         if SCALE_KIND == 3:
@@ -332,7 +400,7 @@ def store_tensor_scale(SCALE, TENSOR_SCALE, AMAX, SCALE_KIND: tl.constexpr,
 def finish_y(y, X_DTYPE: tl.constexpr, ROUND_Y: tl.constexpr):
     """The value quantized: y rounded to x's dtype (the op's output), or its fp32 value."""
     if ROUND_Y:
-        y = round_to(y, X_DTYPE)
+        y = round_pairs(y, X_DTYPE)
     return y
 
 
@@ -403,7 +471,7 @@ def quantized_forward_kernel(
     NORM_BEFORE_GATE: tl.constexpr, ROUNDING: tl.constexpr, WEIGHT_PRODUCT_ROUNDED: tl.constexpr,
     QUANT_BLOCK: tl.constexpr, SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr,
     SCALE_WORDS: tl.constexpr, ROUND_Y: tl.constexpr, STORE_RSTD: tl.constexpr,
-    AMAX_ONLY: tl.constexpr,
+    AMAX_ONLY: tl.constexpr, STORES_BY_PTX: tl.constexpr,
 ):
     """Program ``pid`` owns tile ``pid % (num_groups // GROUPS_PER_TILE)`` of rows
     ``[pid // that * BLOCK_ROWS, +BLOCK_ROWS)``: one group ([BLOCK_ROWS, BLOCK_N] plus a
@@ -424,19 +492,23 @@ def quantized_forward_kernel(
         stride_x2, stride_gate0, stride_gate1, stride_gate2, group_size, eps, LEADING_DIMS,
         ROW_ALIGN, BLOCK_ROWS, BLOCK_N, TAIL_N, GROUPS_PER_TILE, HAS_WEIGHT, ZERO_CENTERED,
         ACTIVATION, NORM_BEFORE_GATE, ROUNDING, WEIGHT_PRODUCT_ROUNDED, ROUND_Y)
+    RSTD_BY_PTX: tl.constexpr = STORE_RSTD and not AMAX_ONLY and STORES_BY_PTX
+    if RSTD_BY_PTX and GROUPS_PER_TILE == 1:
+        store_row_values(RSTD + rows_idx * num_groups + first_group, rstd, row_mask)
     quantize_tile(y, rows_idx, row_mask, tile_offset, group_size * GROUPS_PER_TILE, Q, SCALE,
                   TENSOR_SCALE, AMAX, k, stride_scale_row, stride_scale_col, scale_col_tiles,
                   BLOCK_ROWS, WIDTH, QUANT_BLOCK, SCALE_KIND, SWIZZLED, SCALE_WORDS, AMAX_ONLY,
-                  ROW_ALIGN)
+                  ROW_ALIGN, STORES_BY_PTX)
     if TAIL_N > 0:
         quantize_tile(tail_y, rows_idx, row_mask, tile_offset + BLOCK_N, group_size - BLOCK_N,
                       Q, SCALE, TENSOR_SCALE, AMAX, k, stride_scale_row, stride_scale_col,
                       scale_col_tiles, BLOCK_ROWS, TAIL_N, QUANT_BLOCK, SCALE_KIND, SWIZZLED,
-                      SCALE_WORDS, AMAX_ONLY, ROW_ALIGN)
+                      SCALE_WORDS, AMAX_ONLY, ROW_ALIGN, STORES_BY_PTX)
     store_tensor_scale(SCALE, TENSOR_SCALE, AMAX, SCALE_KIND, AMAX_ONLY)
     if STORE_RSTD and not AMAX_ONLY:
         if GROUPS_PER_TILE == 1:
-            tl.store(RSTD + rows_idx * num_groups + first_group, rstd, mask=row_mask)
+            if not RSTD_BY_PTX:
+                tl.store(RSTD + rows_idx * num_groups + first_group, rstd, mask=row_mask)
         else:
             group_idx = first_group + tl.arange(0, GROUPS_PER_TILE)  # [GROUPS_PER_TILE]
             tl.store(RSTD + rows_idx[:, None] * num_groups + group_idx[None, :], rstd,
@@ -450,7 +522,7 @@ def quantize_kernel(
     rows, k, stride_y, stride_scale_row, stride_scale_col, scale_col_tiles,
     BLOCK_ROWS: tl.constexpr, WIDTH: tl.constexpr, QUANT_BLOCK: tl.constexpr,
     SCALE_KIND: tl.constexpr, SWIZZLED: tl.constexpr, SCALE_WORDS: tl.constexpr,
-    AMAX_ONLY: tl.constexpr,
+    AMAX_ONLY: tl.constexpr, STORES_BY_PTX: tl.constexpr,
 ):
     """Quantize a [rows, k] y (the unfused path for shapes whose groups and blocks do not
     nest): program ``pid`` owns columns [pid % tiles * WIDTH, +WIDTH) of BLOCK_ROWS rows."""
@@ -465,5 +537,5 @@ def quantize_kernel(
                 other=0.0).to(tl.float32)
     quantize_tile(y, rows_idx, row_mask, col0, k - col0, Q, SCALE, TENSOR_SCALE, AMAX, k,
                   stride_scale_row, stride_scale_col, scale_col_tiles, BLOCK_ROWS, WIDTH,
-                  QUANT_BLOCK, SCALE_KIND, SWIZZLED, SCALE_WORDS, AMAX_ONLY, 1)
+                  QUANT_BLOCK, SCALE_KIND, SWIZZLED, SCALE_WORDS, AMAX_ONLY, 1, STORES_BY_PTX)
     store_tensor_scale(SCALE, TENSOR_SCALE, AMAX, SCALE_KIND, AMAX_ONLY)

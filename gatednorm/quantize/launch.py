@@ -153,9 +153,11 @@ def stores_scale_words(fmt: Float8Format, *tile_columns: int) -> bool:
     return fmt.scaling == "mxfp8" and all(c % (4 * fmt.block_size) == 0 for c in tile_columns)
 
 
-def _kernel_flags(fmt: Float8Format, kind: int, words: bool) -> dict:
+def _kernel_flags(fmt: Float8Format, kind: int, words: bool, traceable: bool) -> dict:
+    # STORES_BY_PTX: torch.compile's mutation analysis cannot see inline PTX stores.
     return dict(QUANT_BLOCK=max(fmt.block_size, 1), SCALE_KIND=kind,
-                SWIZZLED=fmt.scale_layout == "swizzled", SCALE_WORDS=words)
+                SWIZZLED=fmt.scale_layout == "swizzled", SCALE_WORDS=words,
+                STORES_BY_PTX=not traceable)
 
 
 def _scale_arguments(scales: torch.Tensor, fmt: Float8Format, k: int, words: bool):
@@ -236,7 +238,8 @@ def fused_plan(x, gate, weight, fmt: Float8Format, tiling: Tiling, *, group_size
                                 and x.dtype != torch.float32),
         ROUND_Y=fmt.quantize_rounded, STORE_RSTD=store_rstd,
         num_warps=tiling.num_warps,
-        **_kernel_flags(fmt, scale_kind(fmt), fused_scale_words(fmt, tiling, group_size)))
+        **_kernel_flags(fmt, scale_kind(fmt), fused_scale_words(fmt, tiling, group_size),
+                        traceable))
     if not fmt.columnwise:
         grid = (triton.cdiv(layout.rows, tiling.block_rows) * num_tiles,)
         return FusedPlan(quantized_forward_kernel, grid, meta, layout_args, x, gate)
@@ -304,7 +307,7 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
                 col_scale_out, rows, k, *geometry, col_scales.shape[1], WIDTH=width,
                 QT_ALIGN=transposed_alignment(rows, traceable),
                 **columnwise_launch(fmt.block_size, width),
-                **_kernel_flags(fmt, kind, words))
+                **_kernel_flags(fmt, kind, words, traceable))
         else:
             grid = (triton.cdiv(rows, QUANTIZE_TILE_ROWS)
                     * triton.cdiv(k, QUANTIZE_TILE_COLUMNS),)
@@ -314,7 +317,7 @@ def quantized_forward(x, gate, weight, tensor_scale, *, eps, zero_centered_gamma
                     y2d, data.view(torch.uint8), scale_out, scale_arg, amax_target, rows, k, k,
                     *geometry, BLOCK_ROWS=QUANTIZE_TILE_ROWS, WIDTH=QUANTIZE_TILE_COLUMNS,
                     AMAX_ONLY=amax_only, num_warps=QUANTIZE_TILE_WARPS,
-                    **_kernel_flags(fmt, kind, words))
+                    **_kernel_flags(fmt, kind, words, traceable))
     else:
         plan = fused_plan(x, gate, weight, fmt, tiling, group_size=group_size,
                           zero_centered_gamma=zero_centered_gamma,

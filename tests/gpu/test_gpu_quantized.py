@@ -4,6 +4,7 @@ graphs and torch.compile."""
 
 import argparse
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,10 @@ from gatednorm.quantize.linear import (
 from gatednorm.quantize.reference import fp32_scale, mismatches
 
 from .helpers import requires_cuda
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from quantized_cases import blocks_with_maxima, scale_rule_edges  # noqa: E402
 
 pytestmark = [requires_cuda, pytest.mark.timeout(300)]
 
@@ -122,6 +127,18 @@ def test_blocks_whose_amax_over_448_underflows_are_the_reference_quantization(na
     result = gatednorm.rms_norm_gated(x, gate, weight, quantize=name, **options)
     y = gatednorm.rms_norm_gated(x, gate, weight, **options)
     assert 0 < y.abs().max() < 448 * 2.0**-150
+    assert_bit_exact(result, y)
+
+
+@pytest.mark.parametrize("name", ["1x128", "1x128_ue8m0", "mxfp8", "mxfp8_swizzled",
+                                  "1x128_columnwise", "mxfp8_columnwise"])
+def test_scale_rule_edges_are_the_reference_quantization(name):
+    # Power-of-two scales take their exponent from amax's bits, not from amax / 448: maxima
+    # at 448 * 2**e and one ulp either side, subnormal quotients, infinity and zero.
+    x, gate, weight, options = blocks_with_maxima(scale_rule_edges(), 256, device="cuda")
+    result = gatednorm.rms_norm_gated(x, gate, weight, quantize=name, **options)
+    y = gatednorm.rms_norm_gated(x, gate, weight, **options)
+    assert torch.equal(y[0], weight)
     assert_bit_exact(result, y)
 
 
