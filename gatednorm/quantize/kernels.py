@@ -52,18 +52,13 @@ RUNTIME_INTS = [
 
 
 @triton.jit
-def fp32_scale(amax, POWER_OF_TWO: tl.constexpr):
-    """amax / 448, at least 2**-149 (1 where amax is 0 or infinite), rounded up to a power of
-    two on request."""
+def fp32_scale(amax):
+    """amax / 448, at least 2**-149 (1 where amax is 0 or infinite)."""
     # At least 2**-149, the fp32 with bits 1 (a subnormal literal would make the expression
     # fp64): amax is not negative, and neither is the quotient, whose bits then order as it.
     quotient = tl.math.div_rn(amax, 448.0).to(tl.int32, bitcast=True)
     scale = tl.maximum(quotient, 1).to(tl.float32, bitcast=True)
-    scale = tl.where((amax > 0.0) & (amax <= 3.4028234663852886e38), scale, 1.0)
-    if POWER_OF_TWO:
-        bits = scale.to(tl.int32, bitcast=True)
-        scale = ((bits + 0x7FFFFF) & 0x7F800000).to(tl.float32, bitcast=True)
-    return scale
+    return tl.where((amax > 0.0) & (amax <= 3.4028234663852886e38), scale, 1.0)
 
 
 @triton.jit
@@ -75,9 +70,10 @@ def ceil_exponent(amax):
     correctly rounded quotient has the same least power of two above it wherever it is
     normal (rounding is monotonic and keeps powers of two; the quotient's rounding error,
     0.875 of an ulp of amax at most, cannot cross 448 * 2**(e - 135), a multiple of that
-    ulp). Subnormal and tiny amax give 0 or less (the callers clamp); amax >= 0, and
-    infinite or NaN amax are the callers' to replace."""
-    return ((amax.to(tl.int32, bitcast=True) + 0x1FFFFF) >> 23) - 8
+    ulp). At least 1: where the quotient is subnormal (or tiny amax floors it at 2**-149), the
+    least normal power of two, 2**-126. amax >= 0; zero, infinite and NaN amax are the
+    callers' to replace."""
+    return tl.maximum(((amax.to(tl.int32, bitcast=True) + 0x1FFFFF) >> 23) - 8, 1)
 
 
 if PORTABLE:
@@ -219,7 +215,7 @@ def block_scale(amax, SCALE_KIND: tl.constexpr):
     shape), for :func:`apply_scale`. Scales that are powers of two multiply y by their exact
     reciprocal, one rounding as the division's: E8M0 (2) stores the exponent e and multiplies
     by 2**(127 - e) (2**-127, subnormal, for e = 254); power-of-two fp32 scales (1) lie in
-    [2**-126, 2**120] (fp32_scale), whose reciprocals are normal. Divisor and prescale are
+    [2**-126, 2**120] (ceil_exponent), whose reciprocals are normal. Divisor and prescale are
     then unused. Other fp32 scales (0) divide: the last three are :func:`division_factors`."""
     if SCALE_KIND == 2:
         # The quotient's exponent rounded up, at most 254: 1 for a subnormal quotient, 0 where
@@ -227,7 +223,7 @@ def block_scale(amax, SCALE_KIND: tl.constexpr):
         # for NaN (an all-NaN block), 254 for infinite amax. amax is not negative: its bits
         # order as it (compared as integers: a subnormal literal would be fp64).
         bits = amax.to(tl.int32, bitcast=True)
-        exponent = tl.where(bits > 224, tl.maximum(ceil_exponent(amax), 1), 0)
+        exponent = tl.where(bits > 224, ceil_exponent(amax), 0)
         exponent = tl.where(bits == 0x7F800000, 254, exponent)
         exponent = tl.where(bits > 0x7F800000, 0, exponent)
         stored = exponent.to(tl.uint8)
@@ -237,10 +233,10 @@ def block_scale(amax, SCALE_KIND: tl.constexpr):
         divisor = tl.full(amax.shape, 1.0, tl.float32)
         prescale = divisor
     elif SCALE_KIND == 1:
-        # fp32_scale(amax, True) without its division: at least 2**-126 (a subnormal or
-        # floored quotient rounds up to it), 1 where amax is 0 or not finite.
-        exponent = tl.maximum(ceil_exponent(amax), 1)
-        stored = tl.where((amax > 0.0) & (amax <= 3.4028234663852886e38), exponent << 23,
+        # fp32_scale(amax) rounded up to a power of two, without its division: 1 where amax is
+        # 0 or not finite.
+        stored = tl.where((amax > 0.0) & (amax <= 3.4028234663852886e38),
+                          ceil_exponent(amax) << 23,
                           0x3F800000).to(tl.float32, bitcast=True)
         # 2**(e - 127) -> 2**(127 - e): the biased exponent e becomes 254 - e.
         multiplier = ((254 << 23) - stored.to(tl.int32, bitcast=True)).to(tl.float32,
@@ -248,7 +244,7 @@ def block_scale(amax, SCALE_KIND: tl.constexpr):
         divisor = tl.full(amax.shape, 1.0, tl.float32)
         prescale = divisor
     else:
-        stored = fp32_scale(amax, False)
+        stored = fp32_scale(amax)
         divisor, multiplier, prescale = division_factors(stored)
     return stored, divisor, multiplier, prescale
 
@@ -354,7 +350,7 @@ def quantize_tile(y, rows_idx, row_mask, col0, valid_cols, Q, SCALE, TENSOR_SCAL
             if SCALE_KIND == 3:
                 scale = tl.load(TENSOR_SCALE)
             else:
-                scale = fp32_scale(tl.load(AMAX), False)
+                scale = fp32_scale(tl.load(AMAX))
             codes = fp8_codes(divide_by_tensor_scale(y, scale))
         else:
             BLOCKS: tl.constexpr = WIDTH // QUANT_BLOCK
@@ -393,7 +389,7 @@ def store_tensor_scale(SCALE, TENSOR_SCALE, AMAX, SCALE_KIND: tl.constexpr,
             if SCALE_KIND == 3:
                 tl.store(SCALE, tl.load(TENSOR_SCALE))
             else:
-                tl.store(SCALE, fp32_scale(tl.load(AMAX), False))
+                tl.store(SCALE, fp32_scale(tl.load(AMAX)))
 
 
 @triton.jit
@@ -492,8 +488,9 @@ def quantized_forward_kernel(
         stride_x2, stride_gate0, stride_gate1, stride_gate2, group_size, eps, LEADING_DIMS,
         ROW_ALIGN, BLOCK_ROWS, BLOCK_N, TAIL_N, GROUPS_PER_TILE, HAS_WEIGHT, ZERO_CENTERED,
         ACTIVATION, NORM_BEFORE_GATE, ROUNDING, WEIGHT_PRODUCT_ROUNDED, ROUND_Y)
-    RSTD_BY_PTX: tl.constexpr = STORE_RSTD and not AMAX_ONLY and STORES_BY_PTX
-    if RSTD_BY_PTX and GROUPS_PER_TILE == 1:
+    STORES_RSTD: tl.constexpr = STORE_RSTD and not AMAX_ONLY
+    RSTD_BY_PTX: tl.constexpr = STORES_RSTD and STORES_BY_PTX and GROUPS_PER_TILE == 1
+    if RSTD_BY_PTX:
         store_row_values(RSTD + rows_idx * num_groups + first_group, rstd, row_mask)
     quantize_tile(y, rows_idx, row_mask, tile_offset, group_size * GROUPS_PER_TILE, Q, SCALE,
                   TENSOR_SCALE, AMAX, k, stride_scale_row, stride_scale_col, scale_col_tiles,
@@ -505,10 +502,9 @@ def quantized_forward_kernel(
                       scale_col_tiles, BLOCK_ROWS, TAIL_N, QUANT_BLOCK, SCALE_KIND, SWIZZLED,
                       SCALE_WORDS, AMAX_ONLY, ROW_ALIGN, STORES_BY_PTX)
     store_tensor_scale(SCALE, TENSOR_SCALE, AMAX, SCALE_KIND, AMAX_ONLY)
-    if STORE_RSTD and not AMAX_ONLY:
+    if STORES_RSTD and not RSTD_BY_PTX:
         if GROUPS_PER_TILE == 1:
-            if not RSTD_BY_PTX:
-                tl.store(RSTD + rows_idx * num_groups + first_group, rstd, mask=row_mask)
+            tl.store(RSTD + rows_idx * num_groups + first_group, rstd, mask=row_mask)
         else:
             group_idx = first_group + tl.arange(0, GROUPS_PER_TILE)  # [GROUPS_PER_TILE]
             tl.store(RSTD + rows_idx[:, None] * num_groups + group_idx[None, :], rstd,
