@@ -167,6 +167,20 @@ def swizzled_word_offsets(row, word, scale_col_tiles):
 
 
 @triton.jit
+def scale_offsets(row, col, stride_scale_row, stride_scale_col, scale_col_tiles,
+                  SWIZZLED: tl.constexpr, SCALE_WORDS: tl.constexpr):
+    """Offsets of the stored scales (words where SCALE_WORDS) of rows ``row`` and stored
+    columns ``col``, broadcast against each other, in the plain or swizzled layout."""
+    if SWIZZLED and SCALE_WORDS:
+        offsets = swizzled_word_offsets(row, col, scale_col_tiles)
+    elif SWIZZLED:
+        offsets = swizzled_offsets(row, col, scale_col_tiles)
+    else:
+        offsets = row * stride_scale_row + col * stride_scale_col
+    return offsets
+
+
+@triton.jit
 def scale_words(stored, BLOCK_ROWS: tl.constexpr, BLOCKS: tl.constexpr):
     """[BLOCK_ROWS, BLOCKS // 4] int32 words of [BLOCK_ROWS, BLOCKS] E8M0 exponents ([BLOCK_ROWS]
     for four blocks), four consecutive blocks a word, the first in the lowest byte
@@ -297,13 +311,8 @@ def store_block_scales(scale_values, rows_idx, row_mask, col0, valid_cols, SCALE
         COLUMNS_STORED: tl.constexpr = QUANT_BLOCK
     if STORED == 1 and (SCALE_WORDS or SCALE_KIND != 2):
         # [BLOCK_ROWS] 32-bit values; the tile's one stored column is in range.
-        stored_col = col0 // COLUMNS_STORED
-        if SWIZZLED and SCALE_WORDS:
-            offsets = swizzled_word_offsets(rows_idx, stored_col, scale_col_tiles)
-        elif SWIZZLED:
-            offsets = swizzled_offsets(rows_idx, stored_col, scale_col_tiles)
-        else:
-            offsets = rows_idx * stride_scale_row + stored_col * stride_scale_col
+        offsets = scale_offsets(rows_idx, col0 // COLUMNS_STORED, stride_scale_row,
+                                stride_scale_col, scale_col_tiles, SWIZZLED, SCALE_WORDS)
         if STORES_BY_PTX:
             store_row_values(SCALE + offsets, scale_values, row_mask)
         else:
@@ -314,14 +323,8 @@ def store_block_scales(scale_values, rows_idx, row_mask, col0, valid_cols, SCALE
         stored_idx = col0 // COLUMNS_STORED + tl.arange(0, STORED)  # [STORED]
         stored_mask = row_mask[:, None] & (tl.arange(0, STORED) * COLUMNS_STORED
                                            < valid_cols)[None, :]
-        if SWIZZLED and SCALE_WORDS:
-            offsets = swizzled_word_offsets(rows_idx[:, None], stored_idx[None, :],
-                                            scale_col_tiles)
-        elif SWIZZLED:
-            offsets = swizzled_offsets(rows_idx[:, None], stored_idx[None, :], scale_col_tiles)
-        else:
-            offsets = (rows_idx[:, None] * stride_scale_row
-                       + stored_idx[None, :] * stride_scale_col)
+        offsets = scale_offsets(rows_idx[:, None], stored_idx[None, :], stride_scale_row,
+                                stride_scale_col, scale_col_tiles, SWIZZLED, SCALE_WORDS)
         tl.store(SCALE + offsets, scale_values, mask=stored_mask)
 
 
