@@ -35,9 +35,11 @@ from gatednorm.quantize import kernels as quantized  # noqa: E402
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_for_sm90(kernel, pointer_types: dict, constexprs: dict, num_warps: int):
+def compile_for_sm90(kernel, pointer_types: dict, constexprs: dict, num_warps: int,
+                     maxnreg: int | None = None):
     """Compile ``kernel``: pointers as given, every other runtime argument i32 (fp32 for eps),
-    pointers and group_size specialized as multiples of 16, as the launcher's calls are."""
+    pointers and group_size specialized as multiples of 16, as the launcher's calls are;
+    ``maxnreg`` caps the registers a thread, as the launch option does."""
     signature, attrs = {}, {}
     for index, name in enumerate(kernel.arg_names):
         if name in constexprs:
@@ -48,7 +50,8 @@ def compile_for_sm90(kernel, pointer_types: dict, constexprs: dict, num_warps: i
             attrs[(index,)] = [["tt.divisibility", 16]]
     source = ASTSource(kernel, signature, constexprs, attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=num_warps))
+                          options=dict(num_warps=num_warps,
+                                       **({} if maxnreg is None else dict(maxnreg=maxnreg))))
 
 
 def disassemble(compiled) -> tuple[list[str], str]:
@@ -126,6 +129,9 @@ def main() -> None:
                              "3 per-tensor given scale, 4 per-tensor current scaling")
     parser.add_argument("--fp32-y", action="store_true",
                         help="quantized: quantize y before its rounding to x's dtype")
+    parser.add_argument("--maxnreg", type=int,
+                        help="cap the registers a thread (the launch option), to see what a "
+                             "cap costs in instructions and spills (STACK in the usage line)")
     parser.add_argument("--dump", help="write the counted SASS lines here")
     args = parser.parse_args()
 
@@ -144,7 +150,7 @@ def main() -> None:
                  DY_ROWS_AS_X=as_x, DX_ROWS_AS_X=as_x, DGATE_ROWS_AS_X=as_x,
                  SPLIT_PASS=args.split_pass,
                  DOT_BLOCKS=4 if args.split_pass else 1,
-                 WAIT_FOR_PRIOR_GRID=False), args.warps or 1)
+                 WAIT_FOR_PRIOR_GRID=False), args.warps or 1, args.maxnreg)
     elif args.pass_ == "quantized":
         mxfp8 = args.scale_kind == 2
         pointers = {name: "*bf16" for name in ("X", "GATE", "W")}
@@ -157,7 +163,7 @@ def main() -> None:
                  SCALE_KIND=args.scale_kind, SWIZZLED=False,
                  SCALE_WORDS=mxfp8 and args.block_n % 128 == 0, ROUND_Y=not args.fp32_y,
                  STORE_RSTD=args.store_rstd, AMAX_ONLY=False, STORES_BY_PTX=not args.no_ptx),
-            args.warps or 4)
+            args.warps or 4, args.maxnreg)
     else:
         pointers = {name: "*bf16" for name in ("X", "GATE", "W", "Y")}
         pointers.update(RSTD="*fp32")
@@ -165,12 +171,13 @@ def main() -> None:
                     TAIL_N=args.tail_n, STORE_RSTD=args.store_rstd)
         if args.row_loop:
             compiled = compile_for_sm90(forward.forward_row_loop_kernel, pointers,
-                                        dict(tile, LOOP_STAGES=args.stages), args.warps or 4)
+                                        dict(tile, LOOP_STAGES=args.stages), args.warps or 4,
+                                        args.maxnreg)
         else:
             compiled = compile_for_sm90(
                 forward.forward_tile_kernel, pointers,
                 dict(tile, RSTD_BY_PTX=not args.no_ptx, GATE_ROWS_AS_X=gate_as_x,
-                     Y_ROWS_AS_X=as_x), args.warps or 4)
+                     Y_ROWS_AS_X=as_x), args.warps or 4, args.maxnreg)
     lines, usage = disassemble(compiled)
     if args.loop_only:
         lines = main_loop(lines)
