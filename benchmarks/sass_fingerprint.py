@@ -11,8 +11,8 @@ measured before still hold.
     PYTHONPATH=/tmp/before python benchmarks/sass_fingerprint.py > before.txt
     python benchmarks/sass_fingerprint.py > after.txt && diff before.txt after.txt
 
-(this script, run on the older tree's kernels through PYTHONPATH, so both lists cover the
-same configurations). The FP8-output kernels are covered too: the fused rowwise tile for
+Both runs use this script (the older tree's kernels through PYTHONPATH), so both lists name
+the same configurations. The FP8-output kernels are covered too: the fused rowwise tile for
 every scale kind, order, rounding and store path, its head + tail and two-heads tiles, the
 columnwise tile, and the unfused path's quantize kernels. About three minutes on two cores.
 
@@ -112,13 +112,15 @@ def variants():
            dict(BLOCK_CHUNKS=kernel_launch.DWEIGHT_BLOCK_CHUNKS,
                 BLOCK_COLS=kernel_launch.DWEIGHT_BLOCK_COLS, **NO_PDL), 4)
 
+
 # FP8 output: scale kinds 0 1x128 fp32, 1 1x128 power of two, 2 MXFP8, 3 per-tensor given,
 # 4 per-tensor current (launch.scale_kind).
 QUANT_KINDS = (0, 1, 2, 3, 4)
 
 
-def quantized_pointers(kind: int, words: bool, transposed: bool) -> dict:
-    scale = "*fp32" if kind != 2 else "*i32" if words else "*u8"
+def quantized_pointers(kind: int, transposed: bool) -> dict:
+    """Pointer types of the FP8 kernels: MXFP8 scales as int32 words (SCALE_WORDS)."""
+    scale = "*i32" if kind == 2 else "*fp32"
     pointers = {name: "*bf16" for name in ("X", "GATE", "W", "Y")}
     pointers.update(Q="*u8", SCALE=scale, RSTD="*fp32", TENSOR_SCALE="*fp32", AMAX="*fp32")
     if transposed:
@@ -142,7 +144,7 @@ def quantized_variants():
         tag = (f"kind{kind} {'norm_first' if norm_before_gate else 'gate_first'} r{rounding} "
                f"{'ptx' if by_ptx else 'tl.store'}")
         rowwise = dict(flags, AMAX_ONLY=False, GROUPS_PER_TILE=1, TAIL_N=0)
-        pointers = quantized_pointers(kind, mxfp8, False)
+        pointers = quantized_pointers(kind, False)
         for store_rstd in (True, False):
             yield (f"quantized_tile {tag} rstd={store_rstd}", quantized.quantized_forward_kernel,
                    pointers, dict(rowwise, BLOCK_ROWS=16, BLOCK_N=128, STORE_RSTD=store_rstd),
@@ -169,12 +171,12 @@ def quantized_variants():
             continue
         cap = launch.columnwise_launch(flags["QUANT_BLOCK"], 128)
         yield (f"quantized_columnwise {tag}", columnwise.quantized_forward_columnwise_kernel,
-               quantized_pointers(kind, mxfp8, True),
+               quantized_pointers(kind, True),
                dict(flags, BLOCK_N=128, TAIL_N=0, GROUPS_PER_TILE=1, STORE_RSTD=True,
                     QT_ALIGN=16), cap["num_warps"], cap.get("maxnreg"))
         if norm_before_gate:
             yield (f"quantize_columnwise kind{kind}", columnwise.quantize_columnwise_kernel,
-                   quantized_pointers(kind, mxfp8, True),
+                   quantized_pointers(kind, True),
                    dict(WIDTH=128, QUANT_BLOCK=flags["QUANT_BLOCK"], SCALE_KIND=kind,
                         SWIZZLED=False, SCALE_WORDS=mxfp8, QT_ALIGN=16, STORES_BY_PTX=True),
                    cap["num_warps"], cap.get("maxnreg"))
