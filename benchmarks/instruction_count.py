@@ -31,6 +31,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from gatednorm.kernels import backward, forward  # noqa: E402
 from gatednorm.quantize import kernels as quantized  # noqa: E402
+from gatednorm.quantize import launch as quantized_launch  # noqa: E402
 
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
@@ -51,7 +52,7 @@ def compile_for_sm90(kernel, pointer_types: dict, constexprs: dict, num_warps: i
     source = ASTSource(kernel, signature, constexprs, attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
                           options=dict(num_warps=num_warps,
-                                       **({} if maxnreg is None else dict(maxnreg=maxnreg))))
+                                       **(dict(maxnreg=maxnreg) if maxnreg else {})))
 
 
 def disassemble(compiled) -> tuple[list[str], str]:
@@ -147,7 +148,9 @@ def main() -> None:
                         help="quantized: quantize y before its rounding to x's dtype")
     parser.add_argument("--maxnreg", type=int,
                         help="cap the registers a thread (the launch option), to see what a "
-                             "cap costs in instructions and spills (STACK in the usage line)")
+                             "cap costs in instructions and spills (STACK in the usage line); "
+                             "0: ptxas's own choice. Default: the launcher's (the FP8 "
+                             "forward caps GDN's tile for some scale kinds)")
     parser.add_argument("--dump", help="write the counted SASS lines here")
     args = parser.parse_args()
 
@@ -169,6 +172,10 @@ def main() -> None:
                  WAIT_FOR_PRIOR_GRID=False), args.warps or 1, args.maxnreg)
     elif args.pass_ == "quantized":
         mxfp8 = args.scale_kind == 2
+        if args.maxnreg is None:
+            tiling = quantized_launch.Tiling(args.block_rows or 16, args.block_n, args.tail_n, 1,
+                                             args.warps or 4, 0)
+            args.maxnreg = quantized_launch.rowwise_launch(tiling, args.scale_kind).get("maxnreg")
         pointers = {name: "*bf16" for name in ("X", "GATE", "W")}
         pointers.update(Q="*u8", SCALE="*i32" if mxfp8 else "*fp32", RSTD="*fp32",
                         TENSOR_SCALE="*fp32", AMAX="*fp32")

@@ -128,6 +128,15 @@ def quantized_pointers(kind: int, transposed: bool) -> dict:
     return pointers
 
 
+def rowwise_cap(kind: int) -> int | None:
+    """The launcher's register cap of the fused rowwise [16, 128] tile (None in trees
+    without one)."""
+    if not hasattr(launch, "rowwise_launch"):
+        return None
+    tiling = launch.Tiling(16, 128, 0, 1, 4, 0)
+    return launch.rowwise_launch(tiling, kind).get("maxnreg")
+
+
 def quantized_variants():
     """(name, kernel, pointer types, constexprs, num_warps, maxnreg) of the FP8-output kernels:
     the fused rowwise tile over the scale kinds, orders, roundings and store paths (GDN's
@@ -148,7 +157,7 @@ def quantized_variants():
         for store_rstd in (True, False):
             yield (f"quantized_tile {tag} rstd={store_rstd}", quantized.quantized_forward_kernel,
                    pointers, dict(rowwise, BLOCK_ROWS=16, BLOCK_N=128, STORE_RSTD=store_rstd),
-                   4, None)
+                   4, rowwise_cap(kind))
         if not by_ptx or rounding:
             continue
         yield (f"quantized_head_tail {tag}", quantized.quantized_forward_kernel, pointers,

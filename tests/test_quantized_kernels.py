@@ -1,6 +1,7 @@
 """The fused quantized forward through the Triton interpreter: data, scales and amax equal
 the reference quantizer's of the y the unquantized op returns, bit for bit."""
 
+import dataclasses
 import itertools
 
 import pytest
@@ -10,14 +11,24 @@ import gatednorm
 from gatednorm import ops
 from gatednorm.quantize import (
     FORMAT_NAMES,
+    as_format,
     block_1x128,
     mxfp8,
     per_tensor,
 )
 from gatednorm.quantize.launch import (
+    BLOCK_FP32,
+    BLOCK_POWER_OF_TWO,
+    MXFP8_E8M0,
+    TENSOR_CURRENT,
+    TENSOR_GIVEN,
+    columnwise_launch,
     few_rows_tiling,
+    fused_plan,
     fused_scale_words,
     fused_tiling,
+    rowwise_launch,
+    scale_kind,
     stores_scale_words,
 )
 from gatednorm.quantize.reference import mismatches
@@ -124,6 +135,32 @@ def test_the_shapes_take_the_fused_kernel_where_blocks_and_groups_nest():
     assert fused_tiling(96, 4, 32) is not None
     assert fused_tiling(96, 4, 128) is None
     assert fused_tiling(32768, 1, 128) is None
+
+
+def test_register_cap_applies_to_gdn_tile_of_power_of_two_scales_only():
+    gdn = fused_tiling(128, 32, 128)
+    assert rowwise_launch(gdn, BLOCK_POWER_OF_TWO) == dict(maxnreg=56)
+    assert rowwise_launch(fused_tiling(128, 32, 32), MXFP8_E8M0) == dict(maxnreg=56)
+    for kind in (BLOCK_FP32, TENSOR_GIVEN, TENSOR_CURRENT):
+        assert rowwise_launch(gdn, kind) == {}
+    for other in (fused_tiling(640, 8, 128), fused_tiling(64, 4, 128),
+                  dataclasses.replace(gdn, block_rows=2, num_warps=1)):  # decode tile
+        assert rowwise_launch(other, BLOCK_POWER_OF_TWO) == {}
+
+
+@pytest.mark.parametrize("fmt", ["1x128", "1x128_ue8m0", "mxfp8", "1x128_columnwise"])
+def test_fused_plan_launches_with_the_register_cap_of_its_tile(fmt):
+    fmt = as_format(fmt)
+    x = torch.zeros(64, 256, dtype=torch.bfloat16)
+    tiling = fused_tiling(128, 2, fmt.block_size)
+    plan = fused_plan(x, x, None, fmt, tiling, group_size=128, zero_centered_gamma=False,
+                      activation="silu", norm_before_gate=True, rounding="te",
+                      store_rstd=False, traceable=False)
+    if fmt.columnwise:  # the columnwise kernel's own launch
+        assert plan.meta["maxnreg"] == columnwise_launch(128, 128, tiling.num_warps)["maxnreg"]
+    else:
+        assert plan.meta.get("maxnreg") == rowwise_launch(tiling, scale_kind(fmt)).get("maxnreg")
+        assert plan.meta["num_warps"] == tiling.num_warps
 
 
 def test_mxfp8_scales_are_stored_four_to_a_word_where_tiles_span_whole_128_columns():

@@ -7,8 +7,12 @@ with TRITON_INTERPRET=0 (the flag is read at import).
 """
 
 import os
+import pathlib
+import re
 import subprocess
 import sys
+
+import pytest
 
 # Each case: kernel name, then the constexprs that differ from BASE.
 BASE = dict(LEADING_DIMS=1, ROW_ALIGN=8, BLOCK_ROWS=16, BLOCK_N=128, TAIL_N=0,
@@ -65,7 +69,7 @@ def compile_all() -> None:
         quantized_forward_columnwise_kernel,
     )
     from gatednorm.quantize.kernels import quantize_kernel, quantized_forward_kernel
-    from gatednorm.quantize.launch import columnwise_launch
+    from gatednorm.quantize.launch import Tiling, columnwise_launch, rowwise_launch
 
     target = GPUTarget("cuda", 90, 32)
     cases = ([(quantized_forward_kernel, dict(BASE, **c)) for c in FUSED_CASES]
@@ -78,9 +82,15 @@ def compile_all() -> None:
         signature = {name: ("constexpr" if name in constexprs else POINTERS.get(name)
                             or ("fp32" if name == "eps" else "i64"))
                      for name in kernel.arg_names}
-        # The columnwise kernels' launch (warps and register cap) as the launcher plans it.
-        options = (columnwise_launch(constexprs["QUANT_BLOCK"], 128)
-                   if "QT_ALIGN" in constexprs else dict(num_warps=4))
+        # The launch (warps and register cap) as the launcher plans it.
+        if "QT_ALIGN" in constexprs:
+            options = columnwise_launch(constexprs["QUANT_BLOCK"], 128)
+        elif "BLOCK_N" in constexprs:
+            tiling = Tiling(constexprs["BLOCK_ROWS"], constexprs["BLOCK_N"], constexprs["TAIL_N"],
+                            constexprs["GROUPS_PER_TILE"], 4, 0)
+            options = dict(num_warps=4, **rowwise_launch(tiling, constexprs["SCALE_KIND"]))
+        else:
+            options = dict(num_warps=4)
         compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs),
                                   target=target, options=options)
         assert compiled.asm["cubin"], kernel.__name__
@@ -91,6 +101,20 @@ def test_every_kernel_variant_compiles_for_sm90():
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+@pytest.mark.parametrize("scale_kind", [0, 1, 2])
+def test_gdn_tile_issues_every_load_before_its_first_reduction(scale_kind):
+    # The launcher's register caps (launch.ROWWISE_TILE_MAXNREG) exist for this schedule: a
+    # load issued after the first row reduction adds a memory round trip to every program.
+    tool = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "instruction_count.py"
+    proc = subprocess.run([sys.executable, str(tool), "--pass", "quantized", "--scale-kind",
+                           str(scale_kind)], env=dict(os.environ, TRITON_INTERPRET="0"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    early, total = map(int, re.search(r"before the first shuffle: (\d+) of (\d+)",
+                                      proc.stdout).groups())
+    assert early == total >= 5, proc.stdout
 
 
 if __name__ == "__main__":

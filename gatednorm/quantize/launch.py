@@ -50,6 +50,14 @@ COLUMNWISE_MAX_WARPS = 16
 COLUMNWISE_PROGRAMS_PER_SM = 2
 REGISTERS_PER_SM = 65536  # 32-bit registers of an SM, sm_80 to sm_90
 MAX_REGISTERS_PER_THREAD = 255
+# Register caps of the fused rowwise kernel on GDN's [16, 128] tile (4 warps), by SCALE_KIND.
+# Left to choose, ptxas fits the UE8M0 and MXFP8 epilogues of that tile into fewer registers
+# by issuing part of the tile's loads (the second row block of x, the gate) only after the
+# first row reduction: a program then waits on memory two or three times instead of once. At
+# 56 every load goes out first (benchmarks/instruction_count.py counts the loads issued
+# before the first shuffle). fp32 scales issue them first at ptxas's own choice, which is
+# faster for them than the cap.
+ROWWISE_TILE_MAXNREG = {BLOCK_POWER_OF_TWO: 56, MXFP8_E8M0: 56}
 
 
 def scale_kind(fmt: Float8Format) -> int:
@@ -123,6 +131,18 @@ def columnwise_launch(quant_block: int, width: int, least: int = 4) -> dict:
     if cap < MAX_REGISTERS_PER_THREAD and not torch.version.hip:
         return dict(num_warps=warps, maxnreg=cap)
     return dict(num_warps=warps)
+
+
+def rowwise_launch(tiling: Tiling, kind: int) -> dict:
+    """The fused rowwise kernel's register cap for ``tiling`` and SCALE_KIND ``kind`` (a
+    launch option; registers do not change the arithmetic): ROWWISE_TILE_MAXNREG on the
+    [16, 128] one-group tile, none elsewhere."""
+    shape = (tiling.block_rows, tiling.block_n, tiling.tail_n, tiling.groups_per_tile,
+             tiling.num_warps)
+    cap = ROWWISE_TILE_MAXNREG.get(kind)
+    if cap and shape == (16, 128, 0, 1, 4) and not torch.version.hip:
+        return dict(maxnreg=cap)
+    return {}
 
 
 def transposed_alignment(rows, traceable: bool) -> int:
@@ -241,6 +261,7 @@ def fused_plan(x, gate, weight, fmt: Float8Format, tiling: Tiling, *, group_size
         **_kernel_flags(fmt, scale_kind(fmt), fused_scale_words(fmt, tiling, group_size),
                         traceable))
     if not fmt.columnwise:
+        meta.update(rowwise_launch(tiling, scale_kind(fmt)))
         grid = (triton.cdiv(layout.rows, tiling.block_rows) * num_tiles,)
         return FusedPlan(quantized_forward_kernel, grid, meta, layout_args, x, gate)
     # The columnwise kernel's rows are a token block.
