@@ -261,7 +261,7 @@ def fused_plan(x, gate, weight, fmt: Float8Format, tiling: Tiling, *, group_size
         **_kernel_flags(fmt, scale_kind(fmt), fused_scale_words(fmt, tiling, group_size),
                         traceable))
     if not fmt.columnwise:
-        meta.update(rowwise_launch(tiling, scale_kind(fmt)))
+        meta.update(rowwise_launch(tiling, meta["SCALE_KIND"]))
         grid = (triton.cdiv(layout.rows, tiling.block_rows) * num_tiles,)
         return FusedPlan(quantized_forward_kernel, grid, meta, layout_args, x, gate)
     # The columnwise kernel's rows are a token block.
