@@ -177,6 +177,8 @@ def fp8_block(result: dict, results_path: str) -> str:
                   + ", ".join(parts) + "."]
     if quantized.get("note"):
         lines += ["", quantized["note"]]
+    elif quantized.get("git_commit"):
+        lines += ["", f"Measured on tree {quantized['git_commit'][:7]}."]
     decode = quantized.get("decode", [])
     if decode:
         diffs = [d["difference_us"] for d in decode]

@@ -18,8 +18,9 @@ def test_smoke_run_writes_every_case_and_decode_record(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(out.read_text())
-    assert {"gpu", "torch", "triton", "date", "command", "copy_gbps", "records",
+    assert {"gpu", "torch", "triton", "date", "command", "git_commit", "copy_gbps", "records",
             "decode"} <= set(results)
+    assert results["command"].endswith("-m gatednorm.bench.quantized --smoke --out " + str(out))
     cases = {(r["case"], r["format"]) for r in results["records"]}
     assert cases == {(s.name, f) for s in SMOKE_SHAPES for f in FORMATS}
     for record in results["records"]:

@@ -291,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes on the CPU, no timing claims")
     parser.add_argument("--cases", help="comma-separated substrings of case names to keep")
-    args = parser.parse_args(argv)
+    # python -m gatednorm.bench --quantized passes its arguments without --quantized.
+    arguments = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(arguments)
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     budget = SMOKE if args.smoke or device.type == "cpu" else FULL
     smoke = budget is SMOKE
@@ -322,8 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         torch=torch.__version__, triton=triton.__version__,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        command=" ".join([sys.executable, "-m", "gatednorm.bench.quantized", *(argv or
-                                                                             sys.argv[1:])]),
+        command=" ".join([sys.executable, "-m", "gatednorm.bench.quantized", *arguments]),
+        git_commit=results_file.git_commit(),
         copy_gbps=copy_gbps, smoke=smoke, records=records, decode=decode)
     print(f"\nwrote {_write(results, args.out, device, smoke or bool(args.cases))}")
     return 0 if all(r["status"] == "ok" for r in records) else 1
