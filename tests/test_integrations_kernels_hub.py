@@ -5,7 +5,7 @@ CPU tensors (``device="cpu"``) run gatednorm's eager reference, bit for bit agai
 model, or the Triton kernels through the interpreter; with CUDA the same tests run on the GPU
 kernels too, within tolerance. Needs the ``kernels`` package at a version the installed
 transformers accepts (transformers' decorator is a no-op otherwise): the pinned CI run skips
-with that reason, the newest-release run (.ci/integrations-latest.sh) runs them.
+with that reason, the newest-release run (.ci/latest.sh) runs them.
 """
 
 from __future__ import annotations

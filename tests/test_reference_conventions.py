@@ -6,6 +6,7 @@ the installed transformers. All run eagerly on CPU in bf16 and fp16: no Triton h
 """
 
 import importlib
+import inspect
 import itertools
 
 import pytest
@@ -151,39 +152,50 @@ def test_fp32_composite_is_fla_forward(dtype, activation, norm_before_gate, grou
 # (c) The transformers modules themselves.
 
 HF_HIDDEN = 64
+# The group size given to gate-first classes whose constructor requires one (all of them from
+# transformers 5.23) where the row below names none.
+HF_GROUP = 16
 
-# (module path, class name, constructor kwargs, the reference composite and its options)
+# (module path, class names, constructor kwargs, the reference composite and its options).
+# A row lists the names a class has had across transformers releases; the first one the
+# installed release defines is tested.
 TRANSFORMERS_MODULES = [
-    ("qwen3_next", "Qwen3NextRMSNormGated", {}, "hf", {}),
-    ("qwen3_5", "Qwen3_5RMSNormGated", {}, "hf", {}),
-    ("qwen3_5_moe", "Qwen3_5MoeRMSNormGated", {}, "hf", {}),
-    ("olmo_hybrid", "OlmoHybridRMSNormGated", {}, "hf", {}),
-    ("qwen4_exp", "Qwen4ExpTextRMSNormGated", {}, "hf", {}),
-    ("qwen4_exp", "Qwen4ExpTextRMSNormGated", {"activation": "sigmoid"}, "hf",
+    ("qwen3_next", ("Qwen3NextRMSNormGated",), {}, "hf", {}),
+    ("qwen3_5", ("Qwen3_5RMSNormGated",), {}, "hf", {}),
+    ("qwen3_5_moe", ("Qwen3_5MoeRMSNormGated",), {}, "hf", {}),
+    ("olmo_hybrid", ("OlmoHybridRMSNormGated",), {}, "hf", {}),
+    ("qwen4_exp", ("Qwen4ExpTextRMSNormGated",), {}, "hf", {}),
+    ("qwen4_exp", ("Qwen4ExpTextRMSNormGated",), {"activation": "sigmoid"}, "hf",
      {"activation": "sigmoid"}),
-    ("mamba2", "MambaRMSNormGated", {}, "hf", {"norm_before_gate": False}),
-    ("bamba", "BambaRMSNormGated", {}, "hf", {"norm_before_gate": False}),
-    ("granitemoehybrid", "GraniteMoeHybridRMSNormGated", {}, "hf", {"norm_before_gate": False}),
-    ("zamba2", "Zamba2RMSNormGated", {"group_size": 16}, "hf",
+    # Renamed from MambaRMSNormGated in transformers 5.23.
+    ("mamba2", ("Mamba2RMSNormGated", "MambaRMSNormGated"), {}, "hf",
+     {"norm_before_gate": False}),
+    ("bamba", ("BambaRMSNormGated",), {}, "hf", {"norm_before_gate": False}),
+    ("granitemoehybrid", ("GraniteMoeHybridRMSNormGated",), {}, "hf",
+     {"norm_before_gate": False}),
+    ("zamba2", ("Zamba2RMSNormGated",), {"group_size": 16}, "hf",
      {"norm_before_gate": False, "group_size": 16}),
-    # Nemotron-H's Mamba mixer uses Zamba2's class, with group_size = intermediate / n_groups.
-    ("nemotron_h", "Zamba2RMSNormGated", {"group_size": 32}, "hf",
+    # Nemotron-H's Mamba mixer used Zamba2's class until its own copy (transformers 5.23), with
+    # group_size = intermediate / n_groups.
+    ("nemotron_h", ("NemotronHRMSNormGated", "Zamba2RMSNormGated"), {"group_size": 32}, "hf",
      {"norm_before_gate": False, "group_size": 32}),
-    ("kimi_linear", "KimiLinearRMSNormGated", {}, "fp32", {"activation": "sigmoid"}),
-    ("glm5_next", "Glm5NextTextRMSNormGated", {}, "fp32", {"activation": "sigmoid"}),
+    ("kimi_linear", ("KimiLinearRMSNormGated",), {}, "fp32", {"activation": "sigmoid"}),
+    ("glm5_next", ("Glm5NextTextRMSNormGated",), {}, "fp32", {"activation": "sigmoid"}),
+    ("bailing_hybrid", ("BailingHybridRMSNormGated",), {}, "fp32", {"activation": "sigmoid"}),
+    ("lara_mini", ("LaraMiniRMSNormGated",), {}, "fp32", {}),
     # Falcon-H1 keeps the normalized value in fp32 and multiplies by the (upcast) weight there:
     # the fp32 convention, in either order.
-    ("falcon_h1", "FalconH1RMSNormGated", {"n_groups": 4, "norm_before_gate": True}, "fp32",
+    ("falcon_h1", ("FalconH1RMSNormGated",), {"n_groups": 4, "norm_before_gate": True}, "fp32",
      {"group_size": 16}),
-    ("falcon_h1", "FalconH1RMSNormGated", {"n_groups": 4, "norm_before_gate": False}, "fp32",
-     {"group_size": 16, "norm_before_gate": False}),
+    ("falcon_h1", ("FalconH1RMSNormGated",), {"n_groups": 4, "norm_before_gate": False},
+     "fp32", {"group_size": 16, "norm_before_gate": False}),
 ]
 
 
 def _module_id(case):
-    path, name, kwargs, rounding, _ = case
+    path, names, kwargs, rounding, _ = case
     extras = "-".join(f"{k}={v}" for k, v in kwargs.items())
-    return "-".join(filter(None, [path, name, extras, rounding]))
+    return "-".join(filter(None, [path, names[0], extras, rounding]))
 
 
 @pytest.fixture(scope="module")
@@ -191,13 +203,28 @@ def transformers():
     return pytest.importorskip("transformers", reason="transformers is not installed")
 
 
+def _installed_class(transformers, path, names):
+    """The first class of ``names`` that transformers.models.<path> defines (skip if none)."""
+    try:
+        modeling = importlib.import_module(f"transformers.models.{path}.modeling_{path}")
+    except ImportError:
+        pytest.skip(f"transformers {transformers.__version__} has no model {path}")
+    for name in names:
+        if hasattr(modeling, name):
+            return getattr(modeling, name)
+    pytest.skip(f"transformers {transformers.__version__} has none of {names} in {path}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TRANSFORMERS_MODULES, ids=[_module_id(c) for c in
                                                             TRANSFORMERS_MODULES])
 def test_composite_equals_transformers_module(transformers, case, dtype):
-    path, name, kwargs, rounding, options = case
-    modeling = importlib.import_module(f"transformers.models.{path}.modeling_{path}")
-    module = getattr(modeling, name)(HF_HIDDEN, eps=1e-6, **kwargs)
+    path, names, kwargs, rounding, options = case
+    cls = _installed_class(transformers, path, names)
+    if "group_size" in inspect.signature(cls).parameters and "group_size" not in kwargs:
+        kwargs = {**kwargs, "group_size": HF_GROUP}
+        options = {**options, "group_size": HF_GROUP}
+    module = cls(HF_HIDDEN, eps=1e-6, **kwargs)
     x, gate, weight, dy = _inputs(dtype, shape=(2, 5, HF_HIDDEN))
     with torch.no_grad():
         module.weight.copy_(weight.float())
@@ -226,7 +253,7 @@ def test_transformers_cases_cover_each_installed_gated_norm_class(transformers):
         for line in path.read_text().splitlines():
             if line.startswith("class ") and "RMSNormGated(" in line:
                 found.add(line.split()[1].split("(")[0])
-    covered = {name for _, name, _, _, _ in TRANSFORMERS_MODULES}
+    covered = {name for _, names, _, _, _ in TRANSFORMERS_MODULES for name in names}
     assert found - covered == set(), f"not covered: {sorted(found - covered)}"
 
 
