@@ -111,6 +111,54 @@ def test_bad_attributes_are_errors_naming_path_and_class():
     assert report.replaced == [] and "1-D weight" in report.skipped["mixer.norm"]
 
 
+QWEN3_NEXT_PATH = "transformers.models.qwen3_next.modeling_qwen3_next"
+
+
+class Qwen3NextRMSNormGated(nn.Module):
+    """transformers 4.57's Qwen3NextRMSNormGated, written out: no ``activation`` attribute, its
+    forward calls SiLU (or ``gate_function``, to stand for a class that calls another)."""
+
+    gate_function = staticmethod(nn.functional.silu)
+
+    def __init__(self, hidden_size=HIDDEN, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states, gate=None):
+        input_dtype = hidden_states.dtype
+        h = hidden_states.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        h = self.weight * h.to(input_dtype)
+        return (h * self.gate_function(gate.to(torch.float32))).to(input_dtype)
+
+
+Qwen3NextRMSNormGated.__module__ = QWEN3_NEXT_PATH
+
+
+@bit_exact
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_norm_gate_class_without_activation_attribute_converts_as_silu(dtype):
+    torch.manual_seed(0)
+    source = Qwen3NextRMSNormGated(eps=3e-5).to(dtype)
+    with torch.no_grad():
+        source.weight.normal_(1.0, 0.5)
+    assert not hasattr(source, "activation")
+    replacement = integrations.from_module(source)
+    assert replacement.activation == "silu" and replacement.rounding == "hf"
+    x, gate = torch.randn(3, 5, HIDDEN).to(dtype), (2 * torch.randn(3, 5, HIDDEN)).to(dtype)
+    with torch.no_grad():
+        assert_bitwise(replacement(x, gate), source(x, gate))
+
+
+def test_norm_gate_class_without_activation_attribute_calling_sigmoid_fails_the_check():
+    source = type("Qwen3NextRMSNormGated", (Qwen3NextRMSNormGated,),
+                  {"__module__": QWEN3_NEXT_PATH,
+                   "gate_function": staticmethod(torch.sigmoid)})()
+    with pytest.raises(integrations.ConversionCheckError, match="Qwen3NextRMSNormGated"):
+        integrations.from_module(source)
+
+
 def test_another_op_is_never_converted():
     axk2 = getattr(transformers.models, "axk2", None)
     if axk2 is None:

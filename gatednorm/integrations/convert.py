@@ -12,9 +12,9 @@ checked on the module's own device and dtype (:mod:`gatednorm.integrations.probe
 class (transformers unless marked)                      forward shape   options read
 ======================================================  ==============  ===========================
 Qwen3NextRMSNormGated, Qwen3_5(Moe)RMSNormGated,        norm-gate-hf    variance_epsilon, activation
-OlmoHybridRMSNormGated, Qwen4ExpTextRMSNormGated
+OlmoHybridRMSNormGated, Qwen4ExpTextRMSNormGated                        (SiLU without it)
 KimiLinearRMSNormGated, Glm5NextTextRMSNormGated,       norm-gate-fp32  variance_epsilon, activation
-BailingHybridRMSNormGated, LaraMiniRMSNormGated
+BailingHybridRMSNormGated, LaraMiniRMSNormGated                         (SiLU without it)
 MambaRMSNormGated / Mamba2RMSNormGated, Bamba-,         gate-norm-hf    variance_epsilon, group_size
 GraniteMoeHybrid-, Zamba2-, NemotronHRMSNormGated                       (whole row without it)
 FalconH1RMSNormGated                                    falcon-h1       variance_epsilon, n_groups,

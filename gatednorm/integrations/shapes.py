@@ -121,10 +121,14 @@ def _group_size(module: nn.Module, hidden_size: int, group_size) -> int | None:
 
 def _norm_then_gate(rounding: str) -> Callable[[nn.Module], GatedNormSpec]:
     def read(module: nn.Module) -> GatedNormSpec:
+        # transformers 4.57's Qwen3NextRMSNormGated has no activation attribute: its forward
+        # calls F.silu. Unknown classes reach this shape only with the attribute
+        # (SHAPE_ATTRIBUTES).
         return GatedNormSpec(
             source=source_name(module), shape=f"norm-gate-{rounding}",
-            hidden_size=_hidden_size(module), eps=_eps(module), activation=_activation(module),
-            norm_before_gate=True, group_size=None, rounding=rounding)
+            hidden_size=_hidden_size(module), eps=_eps(module),
+            activation=_activation(module, default="silu"), norm_before_gate=True,
+            group_size=None, rounding=rounding)
     return read
 
 
