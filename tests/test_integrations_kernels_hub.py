@@ -4,8 +4,8 @@ on tiny models of every family whose gated norm transformers decorates, against 
 CPU tensors (``device="cpu"``) run gatednorm's eager reference, bit for bit against the eager
 model, or the Triton kernels through the interpreter; with CUDA the same tests run on the GPU
 kernels too, within tolerance. Needs the ``kernels`` package at a version the installed
-transformers accepts (transformers' decorator is a no-op otherwise): the pinned CI run skips
-with that reason, the newest-release run (.ci/latest.sh) runs them.
+transformers accepts (transformers' decorator is a no-op otherwise): the pinned test set
+(kernels 0.17.2 with transformers 5.18) and the newest-release run (.ci/latest.sh) run them.
 """
 
 from __future__ import annotations
