@@ -72,7 +72,8 @@ def main() -> None:
     dtype = torch.bfloat16
     bf16, fp8 = train(False, args, device, dtype), train(True, args, device, dtype)
     print(f"{'step':>6s} {'bf16 loss':>12s} {'fp8 loss':>12s}")
-    for step in sorted({0, *range(args.steps // 10 - 1, args.steps, max(1, args.steps // 10))}):
+    stride = max(1, args.steps // 10)
+    for step in sorted({0, *range(stride - 1, args.steps, stride)}):
         print(f"{step + 1:6d} {bf16[step]:12.6f} {fp8[step]:12.6f}")
     tail = max(1, args.steps // 6)
     print(f"mean of the last {tail} steps: bf16 {sum(bf16[-tail:]) / tail:.6f}, "
